@@ -1,0 +1,213 @@
+"""Prompt text, JSON skeleton rendering and value parsing.
+
+The answer format is pretty-printed JSON (indent 2), products keyed "1".."J" in request order:
+
+    {
+      "1": {
+        "Brand": "Diesel",
+        "Gender": null
+      },
+      "2": { ...
+
+HPD splits the skeleton into *segments*, one per slot: segment s is the text from the end of value
+s-1 up to and including the key of slot s (``"Brand":``). The value of slot s, as generated, is the
+JSON value plus its terminator: ``␣"Diesel",`` for all but the last attribute of a product, and
+``␣"US"\\n`` for the last one. Product text is embedded as JSON strings (``json.dumps``), so quotes,
+newlines and tags in it cannot break out of their place in the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hpd_core.types import Request, Value
+
+INSTRUCTIONS = """You are an expert at extracting product details.
+
+Consider the following product attributes:
+
+{attributes}
+
+Analyze each input product below (category: {category}) and extract all of the attributes listed above.
+Output a JSON dict with a key for each input product ID, and a nested dict with a key for each attribute (use the attribute name) and the extracted value.
+Copy each value exactly as it appears in the product text. Write null if the value of an attribute is not in the product information.
+
+Input products:
+
+{products}"""
+
+PLAIN_ANSWER_PREFIX = "\n\nAnswer:\n"  # used when the tokenizer has no chat template
+INDENT = "  "
+TERMINATORS = ",\n}"  # characters that end a JSON value in the answer
+
+
+def _product_json(request: Request, j: int) -> str:
+    product = request.products[j]
+    fields: dict[str, object] = {"title": product.title}
+    if product.description:
+        fields["description"] = product.description
+    if product.features:
+        fields["features"] = list(product.features)
+    return f"{json.dumps(str(j + 1))}: {json.dumps(fields, ensure_ascii=False)}"
+
+
+def render_instructions(request: Request) -> str:
+    """The user message: instructions, attribute list and the J products."""
+    attributes = "\n".join(
+        f"- {json.dumps(a.name, ensure_ascii=False)}" + (f": {a.description}" if a.description else "")
+        for a in request.attributes
+    )
+    products = "\n".join(_product_json(request, j) for j in range(len(request.products)))
+    category = json.dumps(request.category, ensure_ascii=False)
+    return INSTRUCTIONS.format(attributes=attributes, category=category, products=products)
+
+
+def render_prompt(request: Request, tokenizer) -> str:
+    """Prompt text up to where the answer starts (chat template with the assistant turn open)."""
+    user = render_instructions(request)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=False
+        )
+    return user + PLAIN_ANSWER_PREFIX
+
+
+def _key(name: str) -> str:
+    return json.dumps(name, ensure_ascii=False) + ":"
+
+
+def skeleton_segments(request: Request) -> list[str]:
+    """Skeleton text split into one segment per slot (slot order: product-major, then attribute).
+
+    Segment 0 starts the answer; the prompt is prepended by the caller.
+    """
+    segments = []
+    for j in range(len(request.products)):
+        for n, attribute in enumerate(request.attributes):
+            if n == 0:
+                opener = "{\n" if j == 0 else f"{INDENT}}},\n"
+                text = f"{opener}{INDENT}{json.dumps(str(j + 1))}: {{\n{INDENT * 2}{_key(attribute.name)}"
+            else:
+                text = f"\n{INDENT * 2}{_key(attribute.name)}"
+            segments.append(text)
+    return segments
+
+
+def answer_prefix() -> str:
+    """What the baseline's answer is seeded with: the opening of the JSON object."""
+    return "{\n"
+
+
+def value_suffix(request: Request, slot: int) -> str:
+    """The terminator that follows slot ``slot``'s value in the full answer text."""
+    return "\n" if (slot + 1) % len(request.attributes) == 0 else ","
+
+
+def render_answer(request: Request, values: list[list[str | None]]) -> str:
+    """The full gold answer text (pretty JSON) for given values, as the baseline should produce it."""
+    body = {
+        str(j + 1): {a.name: values[j][n] for n, a in enumerate(request.attributes)}
+        for j in range(len(request.products))
+    }
+    return json.dumps(body, indent=2, ensure_ascii=False)
+
+
+def render_value(value: str | None, terminator: str) -> str:
+    """A slot's text as HPD generates it: leading space, JSON value, terminator."""
+    return " " + json.dumps(value, ensure_ascii=False) + terminator
+
+
+# ---------------------------------------------------------------------------------------------
+# Value parsing
+
+
+def parse_value(text: str, finished: bool) -> Value:
+    """Parse one slot's generated text (value + terminator) into a Value.
+
+    ``finished`` is False when the slot was cut at K_max (or the model emitted an end token);
+    the value is then the best partial reading and flagged ``truncated``.
+    """
+    stripped = text.lstrip()
+    truncated = not finished
+    if stripped.startswith('"'):
+        end = _closing_quote(stripped)
+        if end is None:  # string never closed
+            partial = stripped[1:]
+            try:
+                return Value(_empty_to_none(json.loads('"' + partial.rstrip("\\") + '"')), truncated=True)
+            except json.JSONDecodeError:
+                return Value(_empty_to_none(partial), truncated=True, parse_error=True)
+        try:
+            return Value(_empty_to_none(json.loads(stripped[: end + 1])), truncated=truncated)
+        except json.JSONDecodeError:
+            return Value(None, truncated=truncated, parse_error=True)
+    bare = stripped
+    for i, ch in enumerate(stripped):
+        if ch in TERMINATORS:
+            bare = stripped[:i]
+            break
+    bare = bare.strip()
+    if bare == "null":
+        return Value(None, truncated=truncated)
+    try:
+        parsed = json.loads(bare)
+    except json.JSONDecodeError:
+        return Value(None, truncated=truncated, parse_error=True)
+    if isinstance(parsed, (dict, list)):
+        return Value(None, truncated=truncated, parse_error=True)
+    return Value(json.dumps(parsed) if isinstance(parsed, bool) else str(parsed), truncated=truncated)
+
+
+def _closing_quote(text: str) -> int | None:
+    """Index of the quote closing the JSON string that starts at text[0], or None."""
+    escaped = False
+    for i in range(1, len(text)):
+        ch = text[i]
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            return i
+    return None
+
+
+def _empty_to_none(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return value if value.strip() else None
+
+
+def parse_answer(request: Request, text: str, finished: bool) -> tuple[tuple[Value, ...], ...]:
+    """Parse the baseline's full JSON answer into per-product, per-attribute values.
+
+    Invalid JSON gives null values flagged ``parse_error`` (never an exception). A missing product
+    or attribute key gives a null value. ``finished`` False (ran out of tokens) flags values that
+    were not found as truncated.
+    """
+    n_attr = len(request.attributes)
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text.lstrip())
+        ok = isinstance(obj, dict)
+    except json.JSONDecodeError:
+        obj, ok = None, False
+    rows = []
+    for j in range(len(request.products)):
+        entry = obj.get(str(j + 1)) if ok else None
+        row = []
+        for n in range(n_attr):
+            name = request.attributes[n].name
+            if not ok:
+                row.append(Value(None, truncated=not finished, parse_error=True))
+            elif not isinstance(entry, dict) or name not in entry:
+                row.append(Value(None, truncated=not finished))
+            else:
+                raw = entry[name]
+                if raw is None or isinstance(raw, str):
+                    row.append(Value(_empty_to_none(raw)))
+                elif isinstance(raw, (int, float, bool)):
+                    row.append(Value(json.dumps(raw) if isinstance(raw, bool) else str(raw)))
+                else:
+                    row.append(Value(None, parse_error=True))
+        rows.append(tuple(row))
+    return tuple(rows)

@@ -1,0 +1,62 @@
+"""When does a slot's value end? A tiny JSON-value state machine, tabulated per token.
+
+The machine reads the characters a slot generates: optional whitespace, then either a JSON string
+(with backslash escapes) or a bare literal (null, a number, ...), then a terminator (``,``, newline
+or ``}``). Reaching DONE ends the slot. ``transition_table`` runs every vocabulary token's text
+through the machine from every state once, so the decode loop advances all slots with one tensor
+lookup per step: ``state = table[state, token]``. ``advance`` is the slow reference it is built from.
+"""
+
+from __future__ import annotations
+
+from hpd_core.prompts import TERMINATORS
+
+START, STRING, ESCAPE, AFTER_STRING, BARE, DONE = range(6)
+NUM_STATES = 6
+WHITESPACE = " \t\r"
+
+
+def advance(state: int, text: str) -> int:
+    """Run ``text`` through the machine from ``state``; DONE absorbs."""
+    for ch in text:
+        if state == DONE:
+            return DONE
+        if state == START:
+            if ch == '"':
+                state = STRING
+            elif ch in TERMINATORS:
+                state = DONE  # empty value: ends, parses as null
+            elif ch not in WHITESPACE:
+                state = BARE
+        elif state == STRING:
+            if ch == "\\":
+                state = ESCAPE
+            elif ch == '"':
+                state = AFTER_STRING
+        elif state == ESCAPE:
+            state = STRING
+        elif state in (AFTER_STRING, BARE):
+            if ch in TERMINATORS:
+                state = DONE
+    return state
+
+
+def token_texts(tokenizer) -> list[str]:
+    """The text of every token id on its own (special tokens kept as their text)."""
+    return tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+
+
+def transition_table(tokenizer):
+    """LongTensor (NUM_STATES, vocab): the state after reading token t from state s.
+
+    Special tokens (end of turn, padding, ...) end a value from any state: the model has stopped.
+    """
+    import torch
+
+    texts = token_texts(tokenizer)
+    special = set(tokenizer.all_special_ids)
+    table = torch.empty((NUM_STATES, len(texts)), dtype=torch.long)
+    for token_id, text in enumerate(texts):
+        for state in range(NUM_STATES):
+            table[state, token_id] = DONE if token_id in special else advance(state, text)
+    return table
