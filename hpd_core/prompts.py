@@ -137,10 +137,10 @@ def parse_value(text: str, finished: bool) -> Value:
                 return Value(_empty_to_none(json.loads('"' + partial.rstrip("\\") + '"')), truncated=True)
             except json.JSONDecodeError:
                 return Value(_empty_to_none(partial), truncated=True, parse_error=True)
-        try:
-            return Value(_empty_to_none(json.loads(stripped[: end + 1])), truncated=truncated)
+        try:  # a closed string is a complete value, even if its terminator was cut off
+            return Value(_empty_to_none(json.loads(stripped[: end + 1])))
         except json.JSONDecodeError:
-            return Value(None, truncated=truncated, parse_error=True)
+            return Value(None, parse_error=True)
     bare = stripped
     for i, ch in enumerate(stripped):
         if ch in TERMINATORS:
@@ -186,11 +186,8 @@ def parse_answer(request: Request, text: str, finished: bool) -> tuple[tuple[Val
     were not found as truncated.
     """
     n_attr = len(request.attributes)
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(text.lstrip())
-        ok = isinstance(obj, dict)
-    except json.JSONDecodeError:
-        obj, ok = None, False
+    obj = _load_json_object(text)
+    ok = obj is not None
     rows = []
     for j in range(len(request.products)):
         entry = obj.get(str(j + 1)) if ok else None
@@ -199,10 +196,10 @@ def parse_answer(request: Request, text: str, finished: bool) -> tuple[tuple[Val
             name = request.attributes[n].name
             if not ok:
                 row.append(Value(None, truncated=not finished, parse_error=True))
-            elif not isinstance(entry, dict) or name not in entry:
+            elif not isinstance(entry, dict) or _find_key(entry, name) is None:
                 row.append(Value(None, truncated=not finished))
             else:
-                raw = entry[name]
+                raw = entry[_find_key(entry, name)]
                 if raw is None or isinstance(raw, str):
                     row.append(Value(_empty_to_none(raw)))
                 elif isinstance(raw, (int, float, bool)):
@@ -211,3 +208,50 @@ def parse_answer(request: Request, text: str, finished: bool) -> tuple[tuple[Val
                     row.append(Value(None, parse_error=True))
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def _find_key(entry: dict, name: str) -> str | None:
+    """The key for attribute ``name``: exact, else the one that matches ignoring case."""
+    if name in entry:
+        return name
+    folded = name.casefold()
+    return next((k for k in entry if isinstance(k, str) and k.casefold() == folded), None)
+
+
+def _load_json_object(text: str) -> dict | None:
+    """The JSON object at the start of ``text``; if it is cut off or broken, the longest prefix
+    that ends after a complete member, with its open brackets closed. None if nothing parses."""
+    text = text.lstrip()
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text)
+        return obj if isinstance(obj, dict) else None
+    except json.JSONDecodeError:
+        pass
+    stack: list[str] = []
+    cuts: list[tuple[int, str]] = []  # (index of a member-ending comma or closer, closers needed)
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not stack or stack.pop() != ch:
+                break
+            cuts.append((i + 1, "".join(reversed(stack))))
+        elif ch == ",":
+            cuts.append((i, "".join(reversed(stack))))
+    for end, closers in reversed(cuts):
+        try:
+            obj = json.loads(text[:end] + closers)
+        except json.JSONDecodeError:
+            continue
+        return obj if isinstance(obj, dict) else None
+    return None

@@ -46,17 +46,28 @@ def token_texts(tokenizer) -> list[str]:
     return tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
 
 
-def transition_table(tokenizer):
-    """LongTensor (NUM_STATES, vocab): the state after reading token t from state s.
+def token_text(tokenizer, token_id: int) -> str:
+    """One token's text, as ``transition_table`` reads it (slow path, one token)."""
+    if token_id >= len(tokenizer):
+        return "\ufffd"
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def transition_table(tokenizer, vocab_size: int | None = None):
+    """LongTensor (NUM_STATES, vocab_size): the state after reading token t from state s.
 
     Special tokens (end of turn, padding, ...) end a value from any state: the model has stopped.
+    Ids past the tokenizer's vocabulary (models often pad their embedding matrix) read as one
+    ordinary character.
     """
     import torch
 
     texts = token_texts(tokenizer)
+    vocab_size = max(vocab_size or 0, len(texts))
+    texts += ["\ufffd"] * (vocab_size - len(texts))
     special = set(tokenizer.all_special_ids)
-    table = torch.empty((NUM_STATES, len(texts)), dtype=torch.long)
-    for token_id, text in enumerate(texts):
-        for state in range(NUM_STATES):
-            table[state, token_id] = DONE if token_id in special else advance(state, text)
-    return table
+    rows = [
+        [DONE if token_id in special else advance(state, text) for token_id, text in enumerate(texts)]
+        for state in range(NUM_STATES)
+    ]
+    return torch.tensor(rows, dtype=torch.long)

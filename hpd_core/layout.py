@@ -1,0 +1,89 @@
+"""Prompt + skeleton -> token ids, gapped position ids and the slot table (DESIGN.md section 2).
+
+Positions count normally over prompt + skeleton, but after every anchor (the last token of a slot's
+key) K_max positions are skipped: token k (1-based) of slot s gets position ``anchor_pos[s] + k``.
+Each segment is tokenized on its own, so anchors fall exactly on segment ends; segments start right
+after a value's terminator, which is a pre-tokenizer boundary for BPE vocabularies
+(``check_token_boundary`` verifies the split for a given tokenizer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpd_core.prompts import render_prompt, render_value, skeleton_segments, value_suffix
+from hpd_core.types import Request
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One request laid out for HPD. Slot s is (product s // N, attribute s % N)."""
+
+    input_ids: tuple[int, ...]  # prompt + skeleton through the last anchor
+    position_ids: tuple[int, ...]  # same length, with a K_max gap after every anchor
+    anchor_index: tuple[int, ...]  # per slot: index of its anchor in input_ids
+    max_value_tokens: int  # K_max
+    num_attributes: int
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.anchor_index)
+
+    @property
+    def anchor_pos(self) -> tuple[int, ...]:
+        return tuple(self.position_ids[i] for i in self.anchor_index)
+
+    def value_position(self, slot: int, k: int) -> int:
+        """Position of token k (1-based) of slot ``slot``."""
+        if not 1 <= k <= self.max_value_tokens:
+            raise ValueError(f"value token index {k} outside 1..{self.max_value_tokens}")
+        return self.position_ids[self.anchor_index[slot]] + k
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_layout(request: Request, tokenizer, max_value_tokens: int) -> Layout:
+    segments = skeleton_segments(request)
+    segments[0] = render_prompt(request, tokenizer) + segments[0]
+    input_ids: list[int] = []
+    position_ids: list[int] = []
+    anchor_index: list[int] = []
+    offset = 0  # total gap inserted so far
+    for segment in segments:
+        ids = encode(tokenizer, segment)
+        if not ids:
+            raise ValueError(f"segment {segment!r} tokenized to nothing")
+        start = len(input_ids)
+        input_ids.extend(ids)
+        position_ids.extend(range(start + offset, start + offset + len(ids)))
+        anchor_index.append(len(input_ids) - 1)
+        offset += max_value_tokens
+    return Layout(
+        input_ids=tuple(input_ids),
+        position_ids=tuple(position_ids),
+        anchor_index=tuple(anchor_index),
+        max_value_tokens=max_value_tokens,
+        num_attributes=len(request.attributes),
+    )
+
+
+def check_token_boundary(tokenizer, request: Request, sample_value: str = "Acme 500") -> bool:
+    """True if, for every slot, tokenizing prompt + skeleton through the key and then a value
+    gives the key's tokens followed by the value's own tokens: the key/value split falls where the
+    tokenizer splits the full JSON text, so the first value token is one the model would produce in
+    ordinary generation (BPE vocabularies glue the leading space to the value's opening quote).
+
+    The value/next-key split is not required to match: the terminator token is never fed back.
+    """
+    text = ""
+    for s, segment in enumerate(skeleton_segments(request)):
+        text += segment
+        value = render_value(sample_value, value_suffix(request, s))
+        key_ids, value_ids = encode(tokenizer, text), encode(tokenizer, value)
+        joint = encode(tokenizer, text + value)
+        if joint[: len(key_ids)] != key_ids or joint[len(key_ids)] != value_ids[0]:
+            return False
+        text += value
+    return True

@@ -1,0 +1,111 @@
+"""The slow, obviously correct oracle for HPD: no KV cache, one request at a time.
+
+At every step it lays out the logically ordered sequence (each slot's key followed by the value
+tokens fed so far), runs one full forward with the training-view mask (masks.training_allowed) and
+the full LM head, and reads each active slot's next token at its last token (its anchor at step 1).
+Stopping uses the character-level state machine directly (stopping.advance), not the token table.
+Cached HPD (engine.py) must produce the same tokens (fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hpd_core import masks
+from hpd_core.config import DecodeConfig
+from hpd_core.engine import group
+from hpd_core.layout import Layout, build_layout
+from hpd_core.prompts import parse_value
+from hpd_core.sampling import make_generator, select
+from hpd_core.stopping import DONE, START, advance, token_text
+from hpd_core.types import Request, Result
+
+
+def logical_sequence(layout: Layout, fed: list[list[int]]):
+    """Prompt + skeleton with each slot's fed value tokens inserted after its key.
+
+    Returns (ids, positions, generation index, index of each slot's last token), as lists.
+    """
+    ids: list[int] = []
+    pos: list[int] = []
+    gen: list[int] = []
+    last: list[int] = []
+    start = 0
+    for s, anchor in enumerate(layout.anchor_index):
+        ids += layout.input_ids[start : anchor + 1]
+        pos += layout.position_ids[start : anchor + 1]
+        gen += [0] * (anchor + 1 - start)
+        for k, token in enumerate(fed[s], start=1):
+            ids.append(token)
+            pos.append(layout.value_position(s, k))
+            gen.append(k)
+        last.append(len(ids) - 1)
+        start = anchor + 1
+    return ids, pos, gen, last
+
+
+class ReferenceDecoder:
+    """Same interface as HPDDecoder; decodes one request at a time without a cache."""
+
+    name = "reference"
+
+    def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.model_name = model_name
+        self.device = model.get_output_embeddings().weight.device
+        self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+        self.special = set(tokenizer.all_special_ids)
+
+    def decode(self, requests: list[Request]) -> list[Result]:
+        generator = make_generator(self.config, self.device)
+        return [self.decode_one(r, generator) for r in requests]
+
+    def step_logits(self, layout: Layout, fed: list[list[int]]) -> torch.Tensor:
+        """Logits (slots, V) at every slot's last token, from one full forward."""
+        ids, pos, gen, last = logical_sequence(layout, fed)
+        ids_t = torch.tensor([ids], device=self.device)
+        pos_t = torch.tensor([pos], device=self.device)
+        gen_t = torch.tensor([gen], device=self.device)
+        allowed = masks.training_allowed(pos_t, gen_t, torch.ones_like(ids_t, dtype=torch.bool))
+        out = self.model(input_ids=ids_t, position_ids=pos_t, attention_mask=masks.additive(allowed, self.dtype))
+        return out.logits[0, last].float()
+
+    @torch.inference_mode()
+    def decode_one(self, request: Request, generator=None) -> Result:
+        K = self.config.max_value_tokens
+        layout = build_layout(request, self.tokenizer, K)
+        S = layout.num_slots
+        generated: list[list[int]] = [[] for _ in range(S)]
+        fed: list[list[int]] = [[] for _ in range(S)]
+        state = [START] * S
+        active = [True] * S
+        passes = 0
+        while any(active):
+            logits = self.step_logits(layout, fed)
+            passes += 1
+            for s in range(S):
+                if not active[s]:
+                    continue
+                token = int(select(logits[s], self.config, generator))
+                generated[s].append(token)
+                text = token_text(self.tokenizer, token)
+                state[s] = DONE if token in self.special else advance(state[s], text)
+                if state[s] == DONE or len(generated[s]) == K:
+                    active[s] = False  # the final token is never fed
+                else:
+                    fed[s].append(token)
+        values = [
+            parse_value(self.tokenizer.decode(generated[s], skip_special_tokens=True), finished=state[s] == DONE)
+            for s in range(S)
+        ]
+        return Result(
+            request=request,
+            values=group(values, layout.num_attributes),
+            prompt_tokens=len(layout.input_ids),
+            generated_tokens=sum(len(g) for g in generated),
+            forward_passes=passes,
+            decoder=self.name,
+            extra={"slot_tokens": generated},
+        )
