@@ -58,7 +58,7 @@ class AutoregressiveDecoder:
             out = self.decode_batch(
                 [requests[i] for i in indices],
                 [prompts[i] for i in indices],
-                max(budgets[i] for i in indices),
+                [budgets[i] for i in indices],
                 exact=exact_new_tokens is not None,
             )
             return list(zip(indices, out))
@@ -72,8 +72,10 @@ class AutoregressiveDecoder:
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
-    def decode_batch(self, requests: list[Request], prompts: list[list[int]], max_new: int, exact: bool) -> list[Result]:
+    def decode_batch(self, requests: list[Request], prompts: list[list[int]], budgets: list[int], exact: bool) -> list[Result]:
+        """Generate for one batch; each row stops by itself, or (``exact``) after its budget."""
         tok = self.tokenizer
+        max_new = max(budgets)
         L = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), L), tok.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), L), dtype=torch.long)
@@ -97,7 +99,7 @@ class AutoregressiveDecoder:
         stop_ids = set(tok.all_special_ids) if not exact else set()
         results = []
         for b, request in enumerate(requests):
-            row = new[b].tolist()
+            row = new[b].tolist()[: budgets[b]]
             n = len(row)
             for i, t in enumerate(row):  # the answer ends at the first special token (eos / padding)
                 if t in stop_ids:

@@ -102,7 +102,16 @@ class HPDDecoder:
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
-    def decode_batch(self, requests: list[Request], layouts: list[Layout], generator=None) -> list[Result]:
+    def decode_batch(
+        self,
+        requests: list[Request],
+        layouts: list[Layout],
+        generator=None,
+        forced: list[list[list[int]]] | None = None,
+    ) -> list[Result]:
+        """Decode one batch. ``forced[b][s]`` (teacher forcing, for tests and training checks):
+        feed these tokens instead of choosing, stop each slot after them, and return the logits
+        of every step in ``result.extra["step_logits"]`` (slots, K, V)."""
         run, cfg, dev = self.runner, self.config, self.runner.device
         K = cfg.max_value_tokens
         B = len(layouts)
@@ -129,13 +138,16 @@ class HPDDecoder:
         # Prefill: all prompt tokens, LM head on anchors only.
         cache = DynamicCache(config=run.model.config)
         hidden = run.hidden(input_ids, positions, masks.allowed(positions, valid, positions, 0), cache)
-        h_anchor = hidden.gather(1, anchor_idx[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (B, S, H)
-        tokens = select(run.logits(h_anchor), cfg, generator)  # (B, S) latest token of every slot
+        choose, limit, recorded = self._policy(forced, slot_valid, generator)
+        rows, slots = slot_valid.nonzero(as_tuple=True)
+        h_anchor = hidden[rows, anchor_idx[rows, slots]]  # (n, H): LM head on anchors only
+        tokens = torch.full((B, S), run.pad_id, dtype=torch.long, device=dev)  # latest token per slot
+        tokens[rows, slots] = choose(run.logits(h_anchor), rows, slots, 0)
         out = torch.full((B, S, K), run.pad_id, dtype=torch.long, device=dev)  # generated tokens
         out[:, :, 0] = tokens
         n_gen = slot_valid.long()  # (B, S)
         state = torch.where(slot_valid, self.table[START, tokens], DONE)  # (B, S)
-        active = slot_valid & (state != DONE) & (K > 1)
+        active = slot_valid & (state != DONE) & (n_gen < limit)
         passes = torch.ones(B, dtype=torch.long, device=dev)
 
         live = torch.arange(B, device=dev)  # rows of the full tensors still in the cache
@@ -159,20 +171,47 @@ class HPDDecoder:
             key_pos = torch.cat([key_pos, q_pos], 1)
             key_valid = torch.cat([key_valid, q_valid], 1)
             hidden = run.hidden(q_tok, q_pos, masks.allowed(key_pos, key_valid, q_pos, offset), cache)
-            new = select(run.logits(hidden), cfg, generator)  # (b, A)
 
-            rows = live[:, None].expand_as(order)[q_valid]
+            rows = live[:, None].expand_as(order)[q_valid]  # (n,) the valid queries' rows and slots
             slots = order[q_valid]
-            new = new[q_valid]
-            out[rows, slots, n_gen[rows, slots]] = new
+            new = choose(run.logits(hidden[q_valid]), rows, slots, step)  # (n,)
+            out[rows, slots, step] = new
             n_gen[rows, slots] += 1
             state[rows, slots] = self.table[state[rows, slots], new]
             tokens[rows, slots] = new
-            active[rows, slots] = (state[rows, slots] != DONE) & (n_gen[rows, slots] < K)
+            active[rows, slots] = (state[rows, slots] != DONE) & (n_gen[rows, slots] < limit[rows, slots])
             passes[live] += 1
             step += 1
 
-        return self._results(requests, layouts, out, n_gen, state, passes)
+        results = self._results(requests, layouts, out, n_gen, state, passes)
+        if recorded is not None:
+            for b, result in enumerate(results):
+                result.extra["step_logits"] = recorded[b, : layouts[b].num_slots].cpu()
+        return results
+
+    def _policy(self, forced, slot_valid, generator):
+        """(choose, limit, recorded): how tokens are picked, each slot's token limit (B, S), and
+        the tensor that records logits when forcing (else None)."""
+        K, dev = self.config.max_value_tokens, slot_valid.device
+        if forced is None:
+            limit = torch.full(slot_valid.shape, K, dtype=torch.long, device=dev)
+            return (lambda logits, rows, slots, k: select(logits, self.config, generator)), limit, None
+        B, S = slot_valid.shape
+        force = torch.full((B, S, K), self.runner.pad_id, dtype=torch.long, device=dev)
+        limit = torch.ones((B, S), dtype=torch.long, device=dev)
+        for b, slots_gold in enumerate(forced):
+            for s, gold in enumerate(slots_gold):
+                if not 1 <= len(gold) <= K:
+                    raise ValueError(f"forced value for row {b} slot {s} has {len(gold)} tokens, need 1..{K}")
+                force[b, s, : len(gold)] = torch.tensor(gold)
+                limit[b, s] = len(gold)
+        recorded = torch.zeros((B, S, K, self.runner.vocab_size), device=dev)
+
+        def choose(logits, rows, slots, k):
+            recorded[rows, slots, k] = logits
+            return force[rows, slots, k]
+
+        return choose, limit, recorded
 
     def _results(self, requests, layouts, out, n_gen, state, passes) -> list[Result]:
         out, n_gen, state, passes = out.cpu(), n_gen.cpu(), state.cpu(), passes.cpu()

@@ -1,0 +1,102 @@
+"""Hermetic fixtures for engine tests: a small byte-level BPE tokenizer trained here, and tiny
+random decoder-only models (fp32, CPU) of several architectures. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from hpd_core.prompts import render_answer, render_instructions
+from hpd_core.types import Attribute, Product, Request
+
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]
+WORDS = (
+    "acme nike red blue cotton steel 500 ml pack of 12 women's men's size large small oz "
+    "shoe sneaker loafer leather black/white \"quoted\" back\\slash ü café 10 D US"
+).split()
+
+
+def random_text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def random_request(rng: random.Random, n_products: int, n_attributes: int, title_words: int = 6) -> Request:
+    attributes = tuple(Attribute(f"attr {i} {rng.choice(WORDS)}") for i in range(n_attributes))
+    products = tuple(
+        Product(f"p{j}", random_text(rng, rng.randint(1, title_words))) for j in range(n_products)
+    )
+    return Request(category=rng.choice(["Shoes", "Food & Drink"]), attributes=attributes, products=products)
+
+
+def _corpus() -> list[str]:
+    rng = random.Random(0)
+    texts = []
+    for _ in range(200):
+        req = random_request(rng, rng.randint(1, 3), rng.randint(1, 4))
+        values = [[rng.choice([None, random_text(rng, 2)]) for _ in req.attributes] for _ in req.products]
+        texts.append(render_instructions(req) + "\n\nAnswer:\n" + render_answer(req, values))
+    texts.append(json.dumps({"a": "x\"y", "b": None, "c": "\\"}, indent=2))
+    return texts
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+def tiny_config(arch: str, vocab_size: int):
+    from transformers import AutoConfig
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        initializer_range=0.2,  # larger than usual: decisive logits, no near-ties in argmax
+    )
+    if arch == "qwen3":
+        common["head_dim"] = 8
+    if arch in ("mistral", "qwen2", "qwen3"):
+        common["sliding_window"] = None
+    return AutoConfig.for_model(arch, **common)
+
+
+def tiny_model(arch: str, vocab_size: int, seed: int = 0, attention: str = "sdpa"):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size), attn_implementation=attention)
+    return model.float().eval()
+
+
+@pytest.fixture(scope="session")
+def models(tokenizer):
+    """One tiny random model per architecture, built once."""
+    return {arch: tiny_model(arch, len(tokenizer)) for arch in ARCHITECTURES}
