@@ -1,0 +1,195 @@
+"""Assemble and run the Ray Data job: prepare (CPU tasks) -> extract (actor pool) -> write (CPU tasks).
+
+```
+shards ──prepare_shards──▶ chunk rows ──ExtractStage (1 GPU / fractional CPU)──▶ results ──write_chunk──▶ files + commit
+         read, validate,                 one chunk per call, decoder loaded                     attributes/, rejected/,
+         dedup, stack                    once per actor                                         _commits/<shard>/<i>.json
+```
+
+Everything streams: no shuffle, no groupby, no materialize. The driver only plans shards, reads the
+commit listing, and sums each committed chunk's counters for progress and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import ray
+
+from pipelines import commit, io
+from pipelines.dedup import COMMITTED, EXISTING, IdRegistry
+from pipelines.dryrun import DRY_RUN, DryRunDecoder
+from pipelines.extract_stage import ExtractConfig, ExtractStage
+from pipelines.prepare import PrepareConfig, prepare_shards
+from pipelines.report import ReportConfig, Stats, build_report, write_report
+
+log = logging.getLogger("hpd.extract")
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """How the job uses the cluster.
+
+    io_cpus: CPUs each prepare/write task reserves (fractional, so they run beside the actors).
+    cpu_actor_cpus: CPUs per extract actor on a CPU-only cluster; capped at half the cluster so
+        that tasks always find room (a 2-core machine never deadlocks).
+    gpu_actor_cpus: CPUs per extract actor beside its one GPU.
+    max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
+    registry_shards: product-id registry actors (default: one per node).
+    tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
+    progress_seconds: how often the driver logs progress.
+    """
+
+    io_cpus: float = 0.25
+    cpu_actor_cpus: float = 1.0
+    gpu_actor_cpus: float = 1.0
+    max_actors: int | None = None
+    registry_shards: int | None = None
+    tasks_in_flight_per_actor: int = 2
+    progress_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus", "progress_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_actors", "registry_shards"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.tasks_in_flight_per_actor < 1:
+            raise ValueError(f"tasks_in_flight_per_actor must be >= 1, got {self.tasks_in_flight_per_actor}")
+
+
+@dataclass(frozen=True)
+class ActorSizing:
+    device: str  # "gpu" or "cpu"
+    num_gpus: float  # per actor
+    num_cpus: float  # per actor
+    actors: int
+
+    @property
+    def devices(self) -> float:
+        """Devices the pool holds: GPUs, or CPUs on a CPU-only cluster."""
+        return self.actors * (self.num_gpus if self.device == "gpu" else self.num_cpus)
+
+
+def size_actors(cluster: dict, config: ResourceConfig) -> ActorSizing:
+    """One actor per GPU; without GPUs, actors on CPU that leave half the CPUs to the tasks."""
+    gpus, cpus = int(cluster.get("GPU", 0)), float(cluster.get("CPU", 1))
+    if gpus:
+        return ActorSizing("gpu", 1, config.gpu_actor_cpus, min(gpus, config.max_actors or gpus))
+    num_cpus = min(config.cpu_actor_cpus, cpus / 2)
+    actors = max(1, int(cpus / 2 // num_cpus))
+    return ActorSizing("cpu", 0, num_cpus, min(actors, config.max_actors or actors))
+
+
+def build_dataset(
+    shards: list[dict],
+    prepare: PrepareConfig,
+    extract: ExtractConfig,
+    output: commit.OutputConfig,
+    sizing: ActorSizing,
+    resources: ResourceConfig,
+    registry: IdRegistry,
+) -> ray.data.Dataset:
+    """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows)."""
+    ds = ray.data.from_items(shards, override_num_blocks=len(shards))
+    ds = ds.map_batches(
+        prepare_shards,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"config": prepare, "registry": registry},
+        num_cpus=resources.io_cpus,
+    )
+    ds = ds.map_batches(
+        ExtractStage,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_constructor_kwargs={"config": extract},
+        compute=ray.data.ActorPoolStrategy(
+            size=sizing.actors, max_tasks_in_flight_per_actor=resources.tasks_in_flight_per_actor
+        ),
+        num_cpus=sizing.num_cpus,
+        num_gpus=sizing.num_gpus,
+    )
+    return ds.map_batches(
+        commit.write_chunk,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"output": output},
+        num_cpus=resources.io_cpus,
+    )
+
+
+def _seed(manifests: tuple[str, ...], registry: IdRegistry, owner: str, include_rejected: bool, cpus: float) -> Stats:
+    """Pre-claim the product ids of committed manifests (in parallel); sum their counters."""
+    stats = Stats()
+    ds = ray.data.from_items([{"uri": uri} for uri in manifests]).map_batches(
+        commit.seed_from_manifests,
+        batch_format="pyarrow",
+        fn_kwargs={"registry": registry, "owner": owner, "include_rejected": include_rejected},
+        num_cpus=cpus,
+    )
+    for row in ds.iter_rows():
+        stats.add(json.loads(row["stats"]))
+    return stats
+
+
+def run_job(
+    *,
+    prepare: PrepareConfig,
+    extract: ExtractConfig,
+    output: commit.OutputConfig,
+    report: ReportConfig,
+    resources: ResourceConfig,
+    skip_existing: str | None,
+    arguments: dict,
+) -> dict:
+    """Run (or resume) the whole job on the connected Ray cluster; return the report."""
+    started = time.time()
+    resumed = commit.claim_output(output.uri, output.run_id, arguments)
+    state = commit.scan(output.uri) if resumed else commit.ResumeState()
+    shards = [
+        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())))
+        for shard in io.plan_shards(prepare.read)
+        if not state.complete(shard.shard_id)
+    ]
+    sizing = size_actors(ray.cluster_resources(), resources)
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    registry = IdRegistry(resources.registry_shards or nodes)
+    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
+             len(shards), len(state.manifests), sizing.actors, sizing.device)
+    previous = _seed(state.manifests, registry, COMMITTED, False, resources.io_cpus) if state.manifests else Stats()
+    if skip_existing:
+        earlier = commit.scan(skip_existing)
+        if not earlier.manifests:
+            raise ValueError(f"--skip-existing {skip_existing}: no committed chunks there (not an hpd extract output?)")
+        _seed(earlier.manifests, registry, EXISTING, True, resources.io_cpus)
+
+    this_run, last_log = Stats(), time.time()
+    if shards:
+        ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
+        for row in ds.iter_rows():
+            this_run.add(json.loads(row["stats"]))
+            if time.time() - last_log >= resources.progress_seconds:
+                last_log = time.time()
+                log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", this_run.chunks,
+                         this_run.counts["products_out"], this_run.counts["rejected"],
+                         this_run.counts["products_out"] / (last_log - started))
+    meta = {
+        "run_id": output.run_id,
+        "input": prepare.read.uri,
+        "output": output.uri,
+        "skip_existing": skip_existing,
+        "decoder": extract.decoder,
+        "model": DryRunDecoder.model_name if extract.decoder == DRY_RUN else extract.model_uri,
+        "docs_per_prompt": prepare.stacking.docs_per_prompt,
+        "max_value_tokens": extract.decode.max_value_tokens,
+    }
+    total = previous.merged(this_run)
+    result = build_report(report, meta, total, this_run, time.time() - started, sizing.device, sizing.devices)
+    write_report(output.uri, result)
+    return result

@@ -1,0 +1,168 @@
+"""Exactly-once output: the layout under ``--output``, chunk writes, commit markers, resume scans.
+
+```
+attributes/category=<path-safe>/<chunk>.parquet   one row per (product, attribute)
+rejected/<chunk>.parquet                          original record as JSON, reason, stage, run_id
+_commits/<shard>/<index>.json                     chunk manifest: counters + product ids; the commit
+_commits/<shard>/_chunks-<n>.json                 the shard was read to the end and has n chunks
+_job.json                                         run id and arguments of the job writing here
+_report.json, _report.md                          written last, when every chunk is committed
+```
+
+A chunk's files are named by its key, so writing a chunk again (Ray retry, resumed run) replaces
+them; its manifest is written last and is the commit. A resumed run skips committed chunks and
+redoes the others from scratch; a file of an uncommitted chunk that the new attempt does not produce
+(e.g. a product now rejected as a duplicate) is deleted, so no stale row survives. Readers should
+trust an output once ``_report.json`` exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines import io
+from pipelines.schema import PARTITION_COLUMN, partition_value
+
+ATTRIBUTES_SCHEMA = pa.schema(
+    [
+        ("product_id", pa.string()),
+        (PARTITION_COLUMN, pa.string()),
+        ("attribute", pa.string()),
+        ("value", pa.string()),
+        ("truncated", pa.bool_()),
+        ("decoder", pa.string()),
+        ("model", pa.string()),
+        ("run_id", pa.string()),
+    ]
+)
+REJECTED_SCHEMA = pa.schema(
+    [("record", pa.string()), ("reason", pa.string()), ("stage", pa.string()), ("run_id", pa.string())]
+)
+INDEX_DIGITS = 6
+_COMMIT_NAME = re.compile(r"/_commits/([0-9a-f]+)/(\d+)\.json$")
+_SHARD_NAME = re.compile(r"/_commits/([0-9a-f]+)/_chunks-(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    uri: str
+    run_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uri, str) or not self.uri:
+            raise ValueError("output URI must be a non-empty string")
+        if not self.run_id:
+            raise ValueError("run_id must be set")
+
+
+def chunk_key(shard_id: str, index: int) -> str:
+    return f"{shard_id}-{index:0{INDEX_DIGITS}d}"
+
+
+def attributes_uri(output: str, category: str, key: str) -> str:
+    return io.join(output, "attributes", f"{PARTITION_COLUMN}={partition_value(category)}", f"{key}.parquet")
+
+
+def rejected_uri(output: str, key: str) -> str:
+    return io.join(output, "rejected", f"{key}.parquet")
+
+
+def commit_uri(output: str, shard_id: str, index: int) -> str:
+    return io.join(output, "_commits", shard_id, f"{index:0{INDEX_DIGITS}d}.json")
+
+
+def mark_shard_read(output: str, shard_id: str, chunks: int) -> None:
+    io.write_json(io.join(output, "_commits", shard_id, f"_chunks-{chunks}.json"), {"chunks": chunks})
+
+
+def claim_output(output: str, run_id: str, arguments: dict) -> bool:
+    """Record the run in ``_job.json``; True if this run already wrote there (a resume).
+
+    A different run id means different arguments: refuse rather than mix two jobs' rows.
+    """
+    marker = io.join(output, "_job.json")
+    if io.exists(marker):
+        existing = io.read_json(marker)
+        if existing.get("run_id") != run_id:
+            raise ValueError(
+                f"{output} holds the output of another run ({existing.get('run_id')}, arguments "
+                f"{existing.get('arguments')}); use a new --output, or the same arguments to resume it"
+            )
+        return True
+    io.write_json(marker, {"run_id": run_id, "arguments": arguments})
+    return False
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """What the commit markers under an output say is done."""
+
+    done: dict[str, frozenset[int]] = field(default_factory=dict)  # shard -> committed chunk indices
+    totals: dict[str, int] = field(default_factory=dict)  # shard -> chunks, once fully read
+    manifests: tuple[str, ...] = ()
+
+    def complete(self, shard_id: str) -> bool:
+        return shard_id in self.totals and len(self.done.get(shard_id, ())) >= self.totals[shard_id]
+
+
+def scan(output: str) -> ResumeState:
+    """List the commit markers (one listing, no reads)."""
+    done: dict[str, set[int]] = {}
+    totals, manifests = {}, []
+    for uri in io.list_files(io.join(output, "_commits")):
+        if match := _COMMIT_NAME.search(uri):
+            done.setdefault(match[1], set()).add(int(match[2]))
+            manifests.append(uri)
+        elif match := _SHARD_NAME.search(uri):
+            totals[match[1]] = int(match[2])
+    return ResumeState({s: frozenset(i) for s, i in done.items()}, totals, tuple(manifests))
+
+
+def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
+    """Writer stage: write each chunk's files, then its manifest; return its counters."""
+    summaries = []
+    for row in batch.to_pylist():
+        stats = json.loads(row["stats"])
+        if stats["products_out"] + stats["rejected"] + stats["skipped"] != stats["rows_in"]:
+            raise RuntimeError(f"chunk {row['chunk']}: rows do not add up ({stats}); not committing it")
+        attributes = io.table_from_bytes(row["attributes"])
+        for category in row["categories"]:
+            uri = attributes_uri(output.uri, category, row["chunk"])
+            part = attributes.filter(pc.equal(attributes[PARTITION_COLUMN], category))
+            if part.num_rows:
+                io.write_parquet(uri, part)
+            else:
+                io.delete_if_exists(uri)
+        rejected = io.table_from_bytes(row["rejected"])
+        if rejected.num_rows:
+            io.write_parquet(rejected_uri(output.uri, row["chunk"]), rejected)
+        else:
+            io.delete_if_exists(rejected_uri(output.uri, row["chunk"]))
+        manifest = {
+            "chunk": row["chunk"],
+            "run_id": output.run_id,
+            "committed_at": time.time(),
+            "stats": stats,
+            "owned_ids": row["owned_ids"],
+            "rejected_ids": row["rejected_ids"],
+        }
+        io.write_json(commit_uri(output.uri, row["shard"], row["index"]), manifest)
+        summaries.append({"chunk": row["chunk"], "stats": row["stats"]})
+    return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))
+
+
+def seed_from_manifests(batch: pa.Table, registry, owner: str, include_rejected: bool) -> pa.Table:
+    """Pre-claim the product ids of committed manifests; return their counters (for the report)."""
+    summaries = []
+    for uri in batch.column("uri").to_pylist():
+        manifest = io.read_json(uri)
+        ids = manifest["owned_ids"] + (manifest["rejected_ids"] if include_rejected else [])
+        registry.seed(ids, owner)
+        summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"])})
+    return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))

@@ -1,0 +1,149 @@
+"""The CPU stage before the model: read a shard, validate, deduplicate and stack, one chunk at a time.
+
+Each chunk leaves as ONE row (its rows packed as Arrow IPC bytes in ``payload``), so that later
+stages, whatever batch size Ray gives them, always see whole chunks: a chunk is written and
+committed as a unit. Rows that fail here are marked rejected (reason, stage) and ride along to the
+writer; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pipelines import io
+from pipelines.commit import chunk_key, mark_shard_read
+from pipelines.dedup import Claim, IdRegistry
+from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, validate_record
+from pipelines.stacking import NO_STACK, StackingConfig, assign_stacks
+
+OK, REJECTED, SKIPPED = "ok", "rejected", "skipped"
+
+PREPARED_SCHEMA = pa.schema(
+    [
+        ("row", pa.int64()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("stage", pa.string()),
+        ("record", pa.string()),  # the original record as JSON text
+        ("product_id", pa.string()),  # set whenever the record has a string product_id
+        ("category", pa.string()),  # set for rows that passed validation
+        ("title", pa.string()),
+        ("description", pa.string()),
+        ("features", pa.list_(pa.string())),
+        ("input_truncated", pa.bool_()),
+        ("stack", pa.int32()),
+    ]
+)
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("chunk", pa.string()),
+        ("shard", pa.string()),
+        ("index", pa.int64()),
+        ("rows_in", pa.int64()),
+        ("payload", pa.binary()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """What the prepare stage needs, and only that."""
+
+    read: io.ReadConfig
+    validation: ValidationConfig
+    stacking: StackingConfig
+    schema: AttributeSchema
+    output_uri: str
+
+
+def _record_id(value: object) -> str | None:
+    """The record's product_id if it is a usable string (kept for rejected rows, see commit.py)."""
+    product_id = value.get("product_id") if isinstance(value, dict) else None
+    if not isinstance(product_id, str) or not product_id.strip():
+        return None
+    try:
+        product_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return product_id
+
+
+def _row(record: io.RawRecord, status: str, reason=None, stage=None, accepted: Accepted | None = None) -> dict:
+    row = {
+        "row": record.row,
+        "status": status,
+        "reason": reason,
+        "stage": stage,
+        "record": record.text,
+        "product_id": _record_id(record.value),
+        "category": None,
+        "title": None,
+        "description": None,
+        "features": None,
+        "input_truncated": False,
+        "stack": NO_STACK,
+    }
+    if accepted is not None:
+        product = accepted.product
+        row.update(
+            product_id=product.product_id,
+            category=accepted.category,
+            title=product.title,
+            description=product.description,
+            features=list(product.features),
+            input_truncated=accepted.input_truncated,
+        )
+    return row
+
+
+def prepare_chunk(
+    key: str, records: list[io.RawRecord], config: PrepareConfig, registry: IdRegistry
+) -> list[dict]:
+    """Rows of one chunk in PREPARED_SCHEMA order: validated, deduplicated, stacked."""
+    rows, accepted = [], []
+    for record in records:
+        if record.error is not None:
+            rows.append(_row(record, REJECTED, record.error, "read"))
+            continue
+        verdict = validate_record(record.value, config.schema, config.validation)
+        if isinstance(verdict, Accepted):
+            accepted.append((len(rows), record, verdict))
+            rows.append(None)  # filled after the claim
+        else:
+            rows.append(_row(record, REJECTED, verdict.reason, "validate"))
+    claims = registry.claim(
+        [verdict.product.product_id for _, _, verdict in accepted],
+        [f"{key}:{record.row}" for _, record, _ in accepted],
+    )
+    for (position, record, verdict), claim in zip(accepted, claims):
+        if claim == Claim.OWN:
+            rows[position] = _row(record, OK, accepted=verdict)
+        elif claim == Claim.SKIP:
+            rows[position] = _row(record, SKIPPED, "already in an earlier output", "skip-existing", verdict)
+        else:
+            rows[position] = _row(record, REJECTED, "duplicate product_id", "dedup", verdict)
+    categories = [row["category"] if row["status"] == OK else None for row in rows]
+    for row, stack in zip(rows, assign_stacks(categories, config.stacking)):
+        row["stack"] = stack
+    return rows
+
+
+def prepare_shards(batch: pa.Table, config: PrepareConfig, registry: IdRegistry) -> Iterator[pa.Table]:
+    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk."""
+    for shard_row in batch.to_pylist():
+        skip = frozenset(shard_row.pop("skip"))
+        shard = io.Shard(**shard_row)
+        chunks = 0
+        for index, records in io.iter_chunks(shard, config.read, skip):
+            chunks += 1
+            if records is None:  # committed by an earlier attempt
+                continue
+            key = chunk_key(shard.shard_id, index)
+            rows = prepare_chunk(key, records, config, registry)
+            payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
+            chunk = {"chunk": key, "shard": shard.shard_id, "index": index, "rows_in": len(rows), "payload": payload}
+            yield pa.Table.from_pylist([chunk], schema=CHUNK_SCHEMA)
+        mark_shard_read(config.output_uri, shard.shard_id, chunks)

@@ -1,0 +1,228 @@
+"""The attribute schema (category -> attributes) and the rules every input record must pass.
+
+A record that breaks a rule becomes a rejected row with a reason; nothing here raises for a bad
+record. A bad *schema* file is a user error and raises ``ValueError`` once, at job start.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpd_core.types import Attribute, Product
+
+OVERSIZE_POLICIES = ("truncate", "reject")
+PARTITION_COLUMN = "category"
+MAX_PATH_COMPONENT_BYTES = 255  # file-system limit on one directory name (ext4, S3 tools)
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Limits on one record.
+
+    max_text_chars: title + description + features together, in characters. A longer record is
+        cut to fit (title first, then description, then features in order) and flagged, or
+        rejected, as ``oversize`` says.
+    max_id_chars: longest accepted product_id.
+    """
+
+    max_text_chars: int = 20_000
+    oversize: str = "truncate"
+    max_id_chars: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_text_chars, int) or self.max_text_chars < 1:
+            raise ValueError(f"max_text_chars must be a positive int, got {self.max_text_chars!r}")
+        if self.oversize not in OVERSIZE_POLICIES:
+            raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {self.oversize!r}")
+        if not isinstance(self.max_id_chars, int) or self.max_id_chars < 1:
+            raise ValueError(f"max_id_chars must be a positive int, got {self.max_id_chars!r}")
+
+
+def partition_value(category: str) -> str:
+    """Path-safe directory value for a category: percent-encoded, no ``/``, never ``.`` or ``..``.
+
+    It is the URI encoding Hive-partitioned readers (pyarrow, Ray, Spark) decode back to the
+    original category.
+    """
+    return urllib.parse.quote(category, safe="").replace(".", "%2E")
+
+
+@dataclass(frozen=True)
+class AttributeSchema:
+    """category -> the attributes to extract for it (in prompt order)."""
+
+    categories: dict[str, tuple[Attribute, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.categories:
+            raise ValueError("attribute schema is empty: give at least one category")
+        for category, attributes in self.categories.items():
+            if not isinstance(category, str) or not category.strip():
+                raise ValueError(f"category names must be non-empty strings, got {category!r}")
+            _check_unicode(category, "category name")
+            name = f"{PARTITION_COLUMN}={partition_value(category)}"
+            if len(name.encode()) > MAX_PATH_COMPONENT_BYTES:
+                raise ValueError(f"category {category[:40]!r}... is too long for a partition directory")
+            if not attributes:
+                raise ValueError(f"category {category!r} has no attributes")
+            names = [a.name for a in attributes]
+            if len(set(names)) != len(names):
+                raise ValueError(f"category {category!r}: duplicate attribute names {names}")
+
+    def attributes(self, category: str) -> tuple[Attribute, ...]:
+        return self.categories[category]
+
+    def to_json(self) -> str:
+        """Canonical text (for the run id): same schema, same text."""
+        return json.dumps(
+            {c: [[a.name, a.description] for a in attrs] for c, attrs in sorted(self.categories.items())},
+            sort_keys=True,
+        )
+
+
+def _check_unicode(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{what} {text[:40]!r} is not valid Unicode: {err.reason}") from err
+
+
+def parse_schema(data: object, source: str = "attribute schema") -> AttributeSchema:
+    """Build a schema from ``{category: [name, ...]}`` or ``{category: {name: description}}``."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a mapping category -> attributes, got {type(data).__name__}")
+    categories: dict[str, tuple[Attribute, ...]] = {}
+    for category, spec in data.items():
+        if isinstance(spec, dict):
+            items = list(spec.items())
+        elif isinstance(spec, list):
+            items = [(name, None) for name in spec]
+        else:
+            raise ValueError(f"{source}: category {category!r} must map to a list or a mapping, got {spec!r}")
+        try:
+            categories[category] = tuple(Attribute(name, description) for name, description in items)
+        except ValueError as err:
+            raise ValueError(f"{source}: category {category!r}: {err}") from err
+    return AttributeSchema(categories)
+
+
+def load_schema(path: str) -> AttributeSchema:
+    """Read a JSON or YAML attribute schema file (by extension; .json is JSON, anything else YAML)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"attribute schema {path!r} does not exist or is not a file")
+    text = file.read_text(encoding="utf-8")
+    if file.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"attribute schema {path!r} is not valid JSON: {err}") from err
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ValueError(f"attribute schema {path!r} is not valid YAML: {err}") from err
+    return parse_schema(data, source=path)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A record that passed: the engine product, its category, and whether its text was cut."""
+
+    product: Product
+    category: str
+    input_truncated: bool
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+
+
+def _is_valid_text(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _string_field(record: dict, key: str, required: bool) -> str | None | Rejected:
+    value = record.get(key)
+    if value is None:
+        return Rejected(f"missing {key}") if required else None
+    if not isinstance(value, str):
+        return Rejected(f"{key} must be a string, got {type(value).__name__}")
+    if not _is_valid_text(value):
+        return Rejected(f"{key} is not valid Unicode (lone surrogate)")
+    if required and not value.strip():
+        return Rejected(f"empty {key}")
+    return value
+
+
+def _features(record: dict) -> tuple[str, ...] | Rejected:
+    value = record.get("features")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        return Rejected(f"features must be a list of strings, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, str):
+            return Rejected(f"features must be a list of strings, found {type(item).__name__}")
+        if not _is_valid_text(item):
+            return Rejected("features is not valid Unicode (lone surrogate)")
+    return tuple(value)
+
+
+def _fit(title: str, description: str | None, features: tuple[str, ...], budget: int):
+    """Cut the text to ``budget`` characters: title first, then description, then features."""
+    title = title[:budget]
+    budget -= len(title)
+    if description is not None:
+        description = description[:budget]
+        budget -= len(description)
+    kept = []
+    for feature in features:
+        if budget <= 0:
+            break
+        kept.append(feature[:budget])
+        budget -= len(kept[-1])
+    return title, description or None, tuple(kept)
+
+
+def validate_record(record: object, schema: AttributeSchema, config: ValidationConfig) -> Accepted | Rejected:
+    """Check one parsed input record against the schema and limits."""
+    if not isinstance(record, dict):
+        return Rejected(f"record must be a JSON object, got {type(record).__name__}")
+    fields = {}
+    for key in ("product_id", "category", "title"):
+        value = _string_field(record, key, required=True)
+        if isinstance(value, Rejected):
+            return value
+        fields[key] = value
+    description = _string_field(record, "description", required=False)
+    if isinstance(description, Rejected):
+        return description
+    features = _features(record)
+    if isinstance(features, Rejected):
+        return features
+    if len(fields["product_id"]) > config.max_id_chars:
+        return Rejected(f"product_id longer than {config.max_id_chars} characters")
+    if fields["category"] not in schema.categories:
+        return Rejected("unknown category")
+    size = len(fields["title"]) + len(description or "") + sum(len(f) for f in features)
+    truncated = size > config.max_text_chars
+    title = fields["title"]
+    if truncated:
+        if config.oversize == "reject":
+            return Rejected(f"text longer than {config.max_text_chars} characters ({size})")
+        title, description, features = _fit(title, description, features, config.max_text_chars)
+    product = Product(fields["product_id"], title, description, features)
+    return Accepted(product, fields["category"], truncated)
