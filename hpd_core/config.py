@@ -83,5 +83,3 @@ class ModelConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.quantization == "nf4" and self.device == "cpu":
             raise ValueError("NF4 quantization needs a CUDA device (bitsandbytes); use --dtype on CPU")
-        if self.attention == "flex_attention" and self.device == "cpu":
-            raise ValueError("flex_attention is supported on CUDA only; use attention='sdpa' on CPU")

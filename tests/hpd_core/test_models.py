@@ -21,7 +21,7 @@ from .conftest import random_request, tiny_model
         ({"dtype": "float64"}, "dtype"),
         ({"name": "s3://bucket/model/"}, "S3 prefix"),
         ({"quantization": "nf4"}, "NF4"),
-        ({"attention": "flex_attention"}, "flex_attention"),
+        ({"attention": "flash"}, "attention"),
         ({"device": "tpu"}, "device"),
     ],
 )
@@ -110,6 +110,18 @@ def test_default_model_offline(tmp_path, monkeypatch):
         assert len(values) == sum(r.num_slots for r in requests)
         assert all(r.error is None for r in results)
         assert any(v.value is not None for v in values), decoder.name
+
+
+@pytest.mark.slow
+def test_flex_attention_block_mask_matches_oracle(tokenizer):
+    """FlexAttention with a BlockMask (compiled; slow on CPU) gives the oracle's tokens."""
+    rng = random.Random(1)
+    requests = [random_request(rng, rng.randint(1, 3), rng.randint(1, 3)) for _ in range(3)]
+    config = DecodeConfig(max_value_tokens=4)
+    oracle = make_decoder("reference", tiny_model("llama", len(tokenizer)), tokenizer, config).decode(requests)
+    flex = make_decoder("hpd", tiny_model("llama", len(tokenizer), attention="flex_attention"), tokenizer, config)
+    assert flex.runner.flex
+    assert [r.extra["slot_tokens"] for r in flex.decode(requests)] == [r.extra["slot_tokens"] for r in oracle]
 
 
 @pytest.mark.gpu
