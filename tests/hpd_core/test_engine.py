@@ -22,7 +22,7 @@ from hpd_core.types import Attribute, Product, Request
 
 from .conftest import ARCHITECTURES, random_request
 
-SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def slot_tokens(results):
