@@ -94,7 +94,7 @@ def from_args(args: argparse.Namespace) -> JobConfig:
         **model,
     )
     return JobConfig(
-        prepare=PrepareConfig(read, validation, stacking, schema, output_uri),
+        prepare=PrepareConfig(read, validation, stacking, schema, output_uri, skip_existing is not None),
         extract=extract,
         output=OutputConfig(output_uri, run_id),
         report=ReportConfig(**_given(price_per_gpu_hour=args.price_per_gpu_hour)),

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import ray
 
 from pipelines import commit, io
-from pipelines.dedup import COMMITTED, EXISTING, IdRegistry
+from pipelines.dedup import IdRegistry
 from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
 from pipelines.prepare import PrepareConfig, prepare_shards
@@ -124,13 +124,14 @@ def build_dataset(
     )
 
 
-def _seed(manifests: tuple[str, ...], registry: IdRegistry, owner: str, include_rejected: bool, cpus: float) -> Stats:
-    """Pre-claim the product ids of committed manifests (in parallel); sum their counters."""
+def _seed(manifests: tuple[str, ...], registry: IdRegistry, existing: bool, cpus: float) -> Stats:
+    """Load the product ids of committed manifests into the registry, in parallel: as claims of
+    this run's earlier attempts, or (``existing``) as an earlier output's. Sum their counters."""
     stats = Stats()
     ds = ray.data.from_items([{"uri": uri} for uri in manifests]).map_batches(
         commit.seed_from_manifests,
         batch_format="pyarrow",
-        fn_kwargs={"registry": registry, "owner": owner, "include_rejected": include_rejected},
+        fn_kwargs={"registry": registry, "existing": existing},
         num_cpus=cpus,
     )
     for row in ds.iter_rows():
@@ -162,12 +163,12 @@ def run_job(
     registry = IdRegistry(resources.registry_shards or nodes)
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
              len(shards), len(state.manifests), sizing.actors, sizing.device)
-    previous = _seed(state.manifests, registry, COMMITTED, False, resources.io_cpus) if state.manifests else Stats()
+    previous = _seed(state.manifests, registry, False, resources.io_cpus) if state.manifests else Stats()
     if skip_existing:
         earlier = commit.scan(skip_existing)
         if not earlier.manifests:
             raise ValueError(f"--skip-existing {skip_existing}: no committed chunks there (not an hpd extract output?)")
-        _seed(earlier.manifests, registry, EXISTING, True, resources.io_cpus)
+        _seed(earlier.manifests, registry, True, resources.io_cpus)
 
     this_run, last_log = Stats(), time.time()
     if shards:

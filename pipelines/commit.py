@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines import io
+from pipelines.dedup import COMMITTED
 from pipelines.schema import PARTITION_COLUMN, partition_value
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -157,12 +158,18 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))
 
 
-def seed_from_manifests(batch: pa.Table, registry, owner: str, include_rejected: bool) -> pa.Table:
-    """Pre-claim the product ids of committed manifests; return their counters (for the report)."""
+def seed_from_manifests(batch: pa.Table, registry, existing: bool) -> pa.Table:
+    """Load committed manifests' product ids into the registry; return their counters.
+
+    ``existing=False``: this run's earlier attempts; their owned ids are pre-claimed (dedup).
+    ``existing=True``: an earlier output (--skip-existing); all its ids, rejected ones too.
+    """
     summaries = []
     for uri in batch.column("uri").to_pylist():
         manifest = io.read_json(uri)
-        ids = manifest["owned_ids"] + (manifest["rejected_ids"] if include_rejected else [])
-        registry.seed(ids, owner)
+        if existing:
+            registry.add_existing(manifest["owned_ids"] + manifest["rejected_ids"])
+        else:
+            registry.seed(manifest["owned_ids"], COMMITTED)
         summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"])})
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))

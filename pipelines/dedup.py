@@ -3,8 +3,9 @@
 The first row to claim a product_id owns it; a later row with the same id is rejected as a
 duplicate. A claim is keyed by the row's identity (chunk key and row index), so a retried task or a
 re-read chunk claims its own ids again and still owns them. Ids are pre-claimed at start for
-chunks an earlier attempt already committed (a resumed run then rejects the same later rows) and,
-with ``--skip-existing``, for the products of an earlier output (their rows are skipped).
+chunks an earlier attempt already committed (a resumed run then rejects the same later rows).
+Separately, with ``--skip-existing``, the registry holds the product ids of an earlier output;
+rows with those ids are skipped before they are validated or claimed.
 
 Memory: one dict entry per distinct product_id (about 150 bytes), spread over ``shards`` actors.
 The registry lives as long as the driver; a resumed run rebuilds it from the commit manifests.
@@ -18,38 +19,37 @@ from enum import IntEnum
 import ray
 
 COMMITTED = "\x00committed"  # owner of ids committed by an earlier attempt of this run
-EXISTING = "\x00existing"  # owner of ids found in an earlier output (--skip-existing)
 
 
 class Claim(IntEnum):
     OWN = 0  # this row owns the id: process it
     DUPLICATE = 1  # another row owns it: reject as duplicate
-    SKIP = 2  # an earlier output already has it: skip
 
 
 @ray.remote(num_cpus=0)
 class _RegistryShard:
     def __init__(self) -> None:
         self._owners: dict[str, str] = {}
+        self._existing: set[str] = set()
 
     def claim(self, ids: list[str], owners: list[str]) -> list[int]:
-        claims = []
-        for product_id, owner in zip(ids, owners):
-            current = self._owners.setdefault(product_id, owner)
-            if current == owner:
-                claims.append(Claim.OWN)
-            elif current == EXISTING:
-                claims.append(Claim.SKIP)
-            else:
-                claims.append(Claim.DUPLICATE)
-        return claims
+        return [
+            Claim.OWN if self._owners.setdefault(product_id, owner) == owner else Claim.DUPLICATE
+            for product_id, owner in zip(ids, owners)
+        ]
 
     def seed(self, ids: list[str], owner: str) -> None:
         for product_id in ids:
             self._owners.setdefault(product_id, owner)
 
+    def add_existing(self, ids: list[str]) -> None:
+        self._existing.update(ids)
+
+    def existing(self, ids: list[str]) -> list[bool]:
+        return [product_id in self._existing for product_id in ids]
+
     def size(self) -> int:
-        return len(self._owners)
+        return len(self._owners) + len(self._existing)
 
 
 def _shard_of(product_id: str, shards: int) -> int:
@@ -70,27 +70,35 @@ class IdRegistry:
             positions[_shard_of(product_id, len(self._actors))].append(position)
         return positions
 
+    def _call(self, method: str, ids: list[str], owners: list[str] | None = None, *args) -> list:
+        """Call ``method`` on each registry shard with its part of ``ids`` (and ``owners``);
+        the answers come back in ``ids`` order (None for methods that answer nothing)."""
+        positions = self._split(ids)
+        parts = [(actor, part) for actor, part in zip(self._actors, positions) if part]
+        refs = []
+        for actor, part in parts:
+            per_row = ([owners[p] for p in part],) if owners is not None else ()
+            refs.append(getattr(actor, method).remote([ids[p] for p in part], *per_row, *args))
+        answers: list = [None] * len(ids)
+        for (_, part), answer in zip(parts, ray.get(refs)):
+            for position, value in zip(part, answer if answer is not None else [None] * len(part)):
+                answers[position] = value
+        return answers
+
     def claim(self, ids: list[str], owners: list[str]) -> list[Claim]:
         """One claim per id, in order; ``owners[i]`` identifies the row claiming ``ids[i]``."""
-        positions = self._split(ids)
-        refs = [
-            actor.claim.remote([ids[p] for p in part], [owners[p] for p in part])
-            for actor, part in zip(self._actors, positions)
-            if part
-        ]
-        answers = iter(ray.get(refs))
-        claims: list[Claim] = [Claim.OWN] * len(ids)
-        for part in positions:
-            if part:
-                for position, claim in zip(part, next(answers)):
-                    claims[position] = Claim(claim)
-        return claims
+        return [Claim(claim) for claim in self._call("claim", ids, owners)]
 
     def seed(self, ids: list[str], owner: str) -> None:
-        positions = self._split(ids)
-        ray.get(
-            [actor.seed.remote([ids[p] for p in part], owner) for actor, part in zip(self._actors, positions) if part]
-        )
+        """Pre-claim ``ids`` for ``owner`` (ids committed by an earlier attempt)."""
+        self._call("seed", ids, None, owner)
+
+    def add_existing(self, ids: list[str]) -> None:
+        """Remember the product ids of an earlier output (--skip-existing)."""
+        self._call("add_existing", ids)
+
+    def existing(self, ids: list[str]) -> list[bool]:
+        return self._call("existing", ids)
 
     def size(self) -> int:
         return sum(ray.get([actor.size.remote() for actor in self._actors]))

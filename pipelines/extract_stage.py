@@ -24,6 +24,7 @@ from pipelines.artifacts import resolve_model_path
 from pipelines.commit import ATTRIBUTES_SCHEMA, REJECTED_SCHEMA
 from pipelines.dryrun import DRY_RUN, DryRunConfig, DryRunDecoder
 from pipelines.prepare import OK, REJECTED, SKIPPED
+from pipelines.report import COUNTERS
 from pipelines.schema import AttributeSchema
 from pipelines.stacking import build_requests
 
@@ -100,7 +101,8 @@ class ExtractStage:
 
     def _chunk(self, chunk: dict) -> dict:
         rows = io.table_from_bytes(chunk["payload"]).to_pylist()
-        stats = Counter(rows_in=len(rows))
+        stats = Counter(dict.fromkeys(COUNTERS, 0))
+        stats.update(rows_in=len(rows))
         ok = [row["status"] == OK for row in rows]
         products = [
             Product(row["product_id"], row["title"], row["description"], tuple(row["features"] or ())) if good else None

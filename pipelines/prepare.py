@@ -57,6 +57,7 @@ class PrepareConfig:
     stacking: StackingConfig
     schema: AttributeSchema
     output_uri: str
+    skip_existing: bool = False  # ask the registry which ids an earlier output already has
 
 
 def _record_id(value: object) -> str | None:
@@ -102,14 +103,18 @@ def _row(record: io.RawRecord, status: str, reason=None, stage=None, accepted: A
 def prepare_chunk(
     key: str, records: list[io.RawRecord], config: PrepareConfig, registry: IdRegistry
 ) -> list[dict]:
-    """Rows of one chunk in PREPARED_SCHEMA order: validated, deduplicated, stacked."""
+    """Rows of one chunk in PREPARED_SCHEMA order: skipped, validated, deduplicated, stacked."""
+    existing = set()
+    if config.skip_existing:
+        ids = [product_id for product_id in map(_record_id, (r.value for r in records)) if product_id]
+        existing = {product_id for product_id, known in zip(ids, registry.existing(ids)) if known}
     rows, accepted = [], []
     for record in records:
         if record.error is not None:
             rows.append(_row(record, REJECTED, record.error, "read"))
-            continue
-        verdict = validate_record(record.value, config.schema, config.validation)
-        if isinstance(verdict, Accepted):
+        elif _record_id(record.value) in existing:
+            rows.append(_row(record, SKIPPED, "already in an earlier output", "skip-existing"))
+        elif isinstance(verdict := validate_record(record.value, config.schema, config.validation), Accepted):
             accepted.append((len(rows), record, verdict))
             rows.append(None)  # filled after the claim
         else:
@@ -121,8 +126,6 @@ def prepare_chunk(
     for (position, record, verdict), claim in zip(accepted, claims):
         if claim == Claim.OWN:
             rows[position] = _row(record, OK, accepted=verdict)
-        elif claim == Claim.SKIP:
-            rows[position] = _row(record, SKIPPED, "already in an earlier output", "skip-existing", verdict)
         else:
             rows[position] = _row(record, REJECTED, "duplicate product_id", "dedup", verdict)
     categories = [row["category"] if row["status"] == OK else None for row in rows]

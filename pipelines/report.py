@@ -103,7 +103,7 @@ def build_report(
     report["rejected_by_stage"] = dict(sorted(total.rejected_by_stage.items()))
     report["chunks"] = total.chunks
     report["resumed"] = total.chunks > this_run.chunks
-    report.update(run)  # wall time, device time and cost: this run
+    report.update({k: v for k, v in run.items() if k not in COUNTERS and k != "chunks"})  # time, cost: this run
     report["this_run"] = run
     return report
 

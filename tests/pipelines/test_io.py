@@ -1,0 +1,114 @@
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipelines import io
+from pipelines.io import ReadConfig, iter_chunks, plan_shards
+
+
+def rows_of(config: ReadConfig) -> list:
+    out = []
+    for shard in plan_shards(config):
+        for _, records in iter_chunks(shard, config):
+            out += records
+    return out
+
+
+lines = st.lists(st.text(alphabet="ab\n é{}", max_size=12), max_size=30)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines, st.integers(1, 40), st.integers(1, 7), st.booleans())
+def test_byte_range_shards_read_every_line_exactly_once(tmp_path, texts, shard_bytes, chunk_rows, final_newline):
+    path = tmp_path / "in.jsonl"
+    body = "\n".join(json.dumps(t) if i % 3 else t for i, t in enumerate(texts))
+    path.write_bytes((body + ("\n" if final_newline else "")).encode())
+    expected = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    config = ReadConfig(str(path), shard_bytes=shard_bytes, chunk_rows=chunk_rows, read_block_bytes=5)
+    got = rows_of(config)
+    assert [r.text.encode() for r in got] == [line.rstrip(b"\r") for line in expected]
+    for record in got:
+        assert (record.error is None) == _is_json(record.text)
+
+
+def _is_json(text):
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def test_chunks_close_on_rows_or_bytes_and_skip_without_parsing(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"i": i, "pad": "x" * (80 if i == 1 else 1)}) + "\n" for i in range(10)))
+    config = ReadConfig(str(path), chunk_rows=4, chunk_bytes=100)  # short lines are 22 bytes
+    (shard,) = plan_shards(config)
+    chunks = list(iter_chunks(shard, config, skip=frozenset({1})))
+    sizes = [None if records is None else [r.row for r in records] for _, records in chunks]
+    assert sizes == [[0, 1], None, [6, 7, 8, 9]]  # chunk 0 closed by bytes, 1 skipped, 2 by rows
+
+
+def test_parquet_gzip_unsupported_hidden_and_limit(tmp_path):
+    pq.write_table(pa.table({"product_id": ["a", "b", "c"], "n": [1, 2, 3]}), tmp_path / "1.parquet")
+    with gzip.open(tmp_path / "2.jsonl.gz", "wt") as f:
+        f.write('{"product_id": "d"}\n{"product_id": "e"}\n')
+    (tmp_path / "3.csv").write_text("a,b\n")
+    (tmp_path / "4.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / ".hidden.jsonl").write_text("{}\n")
+    (tmp_path / "_temporary").mkdir()
+    (tmp_path / "_temporary" / "x.jsonl").write_text("{}\n")
+    got = rows_of(ReadConfig(str(tmp_path)))
+    assert [r.value["product_id"] for r in got[:5]] == ["a", "b", "c", "d", "e"]
+    assert got[0].value == {"product_id": "a", "n": 1} and json.loads(got[0].text) == got[0].value
+    assert "unsupported file type" in got[5].error and got[5].text == json.dumps({"file": str(tmp_path / "3.csv")})
+    assert "malformed Parquet" in got[6].error
+    assert len(got) == 7
+    limited = rows_of(ReadConfig(str(tmp_path), limit=4))
+    assert [r.value["product_id"] for r in limited] == ["a", "b", "c", "d"]
+
+
+def test_missing_input_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        plan_shards(ReadConfig(str(tmp_path / "nope")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no data files"):
+        plan_shards(ReadConfig(str(tmp_path / "empty")))
+
+
+def test_s3_listing_reading_and_atomic_writes(s3_server):
+    bucket = s3_server.make_bucket("io")
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="in/a.jsonl", Body=b'{"product_id": "1"}\n{"product_id": "2"}\n')
+    client.put_object(Bucket=bucket, Key="in/sub/b.jsonl", Body=b'{"product_id": "3"}\n')
+    client.put_object(Bucket=bucket, Key="in/_SUCCESS", Body=b"")
+    files = io.list_input_files(f"s3://{bucket}/in")
+    assert files == [(f"s3://{bucket}/in/a.jsonl", 40), (f"s3://{bucket}/in/sub/b.jsonl", 20)]
+    assert [r.value["product_id"] for r in rows_of(ReadConfig(f"s3://{bucket}/in/", shard_bytes=25))] == ["1", "2", "3"]
+
+    target = f"s3://{bucket}/out/x/data.json"
+    io.write_json(target, {"k": [1, 2]})
+    assert io.read_json(target) == {"k": [1, 2]} and io.exists(target)
+    assert io.list_files(f"s3://{bucket}/out") == [target]
+    io.delete_if_exists(target)
+    io.delete_if_exists(target)  # deleting twice is fine
+    assert not io.exists(target)
+
+
+def test_local_writes_leave_no_temporary_files(tmp_path):
+    target = str(tmp_path / "deep" / "dir" / "t.parquet")
+    io.write_parquet(target, pa.table({"a": [1]}))
+    io.write_parquet(target, pa.table({"a": [2]}))  # replaces
+    assert pq.read_table(target).column("a").to_pylist() == [2]
+    assert io.list_files(str(tmp_path)) == [target]
+
+
+def test_ipc_round_trip():
+    table = pa.table({"a": [1, None], "b": [["x"], []]})
+    assert io.table_from_bytes(io.table_to_bytes(table)).equals(table)

@@ -1,0 +1,126 @@
+import json
+import urllib.parse
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipelines.schema import (
+    Accepted,
+    Rejected,
+    ValidationConfig,
+    load_schema,
+    parse_schema,
+    partition_value,
+    validate_record,
+)
+
+SCHEMA = parse_schema({"Shoes": ["Brand", "Color"], "Tea": {"Brand": "maker", "Flavor": None}})
+
+
+def test_load_json_and_yaml(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"Shoes": ["Brand"]}))
+    (tmp_path / "a.yaml").write_text("Shoes:\n  Brand: the maker\n  Color: main color\n")
+    assert [a.name for a in load_schema(str(tmp_path / "a.json")).attributes("Shoes")] == ["Brand"]
+    yaml_schema = load_schema(str(tmp_path / "a.yaml"))
+    assert [(a.name, a.description) for a in yaml_schema.attributes("Shoes")] == [
+        ("Brand", "the maker"),
+        ("Color", "main color"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({}, "empty"),
+        ([], "mapping"),
+        ({"Shoes": []}, "no attributes"),
+        ({"Shoes": ["Brand", "Brand"]}, "duplicate"),
+        ({"Shoes": [""]}, "non-empty"),
+        ({"Shoes": "Brand"}, "list or a mapping"),
+        ({"": ["Brand"]}, "non-empty"),
+        ({"x" * 300: ["Brand"]}, "too long"),
+    ],
+)
+def test_bad_schemas_raise_clear_errors(data, message):
+    with pytest.raises(ValueError, match=message):
+        parse_schema(data)
+
+
+def test_missing_or_invalid_schema_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_schema(str(tmp_path / "nope.json"))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_schema(str(tmp_path / "bad.json"))
+
+
+def good(**changes):
+    record = {"product_id": "p1", "category": "Shoes", "title": "Red shoe", "description": "nice", "features": ["a"]}
+    record.update(changes)
+    return record
+
+
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        ("not a dict", "JSON object"),
+        (good(product_id=None), "missing product_id"),
+        (good(product_id=""), "empty product_id"),
+        (good(product_id="  "), "empty product_id"),
+        (good(product_id=7), "product_id must be a string"),
+        (good(category=None), "missing category"),
+        (good(category="Boats"), "unknown category"),
+        (good(category=["Shoes"]), "category must be a string"),
+        (good(title=""), "empty title"),
+        (good(title=3.5), "title must be a string"),
+        (good(description=5), "description must be a string"),
+        (good(features="a"), "features must be a list"),
+        (good(features=["a", 1]), "features must be a list"),
+        (good(title="bad \ud800 text"), "not valid Unicode"),
+        (good(product_id="x" * 300), "longer than"),
+    ],
+)
+def test_rejections(record, reason):
+    verdict = validate_record(record, SCHEMA, ValidationConfig())
+    assert isinstance(verdict, Rejected)
+    assert reason in verdict.reason
+
+
+def test_accepts_and_keeps_fields():
+    verdict = validate_record(good(extra={"ignored": 1}), SCHEMA, ValidationConfig())
+    assert isinstance(verdict, Accepted) and not verdict.input_truncated
+    assert verdict.product.features == ("a",) and verdict.category == "Shoes"
+
+
+def test_oversize_truncates_or_rejects():
+    record = good(title="t" * 6, description="d" * 6, features=["f" * 6, "g" * 6])
+    cut = validate_record(record, SCHEMA, ValidationConfig(max_text_chars=15))
+    assert isinstance(cut, Accepted) and cut.input_truncated
+    product = cut.product
+    assert (product.title, product.description, product.features) == ("t" * 6, "d" * 6, ("fff",))
+    rejected = validate_record(record, SCHEMA, ValidationConfig(max_text_chars=15, oversize="reject"))
+    assert isinstance(rejected, Rejected) and "longer than 15" in rejected.reason
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="oversize"):
+        ValidationConfig(oversize="drop")
+    with pytest.raises(ValueError, match="max_text_chars"):
+        ValidationConfig(max_text_chars=0)
+
+
+@given(st.text(min_size=1))
+def test_partition_values_are_path_safe_and_reversible(category):
+    value = partition_value(category)
+    assert "/" not in value and "\\" not in value and "\x00" not in value
+    assert value not in (".", "..") and "." not in value
+    assert urllib.parse.unquote(value, errors="surrogatepass") == category or not _encodable(category)
+
+
+def _encodable(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
