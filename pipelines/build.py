@@ -104,6 +104,9 @@ def build_dataset(
         fn_kwargs={"config": prepare, "registry": registry},
         num_cpus=resources.io_cpus,
     )
+    # A generator's outputs are buffered into blocks of up to 128 MiB: split them back so that each
+    # chunk is its own block, scheduled on its own to whichever actor is free (streaming, no shuffle).
+    ds = ds.repartition(target_num_rows_per_block=1)
     ds = ds.map_batches(
         ExtractStage,
         batch_size=1,
@@ -139,6 +142,30 @@ def _seed(manifests: tuple[str, ...], registry: IdRegistry, existing: bool, cpus
     return stats
 
 
+def _execute(state, shards, prepare, extract, output, sizing, resources, registry, skip_existing) -> tuple[Stats, Stats]:
+    """Seed the registry, stream the pipeline; (counters of earlier attempts, of this run)."""
+    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
+             len(shards), len(state.manifests), sizing.actors, sizing.device)
+    previous = _seed(state.manifests, registry, False, resources.io_cpus) if state.manifests else Stats()
+    if skip_existing:
+        earlier = commit.scan(skip_existing)
+        if not earlier.manifests:
+            raise ValueError(f"--skip-existing {skip_existing}: no committed chunks there (not an hpd extract output?)")
+        _seed(earlier.manifests, registry, True, resources.io_cpus)
+    this_run, started = Stats(), time.time()
+    last_log = started
+    if shards:
+        ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
+        for row in ds.iter_rows():
+            this_run.add(json.loads(row["stats"]))
+            if time.time() - last_log >= resources.progress_seconds:
+                last_log = time.time()
+                log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", this_run.chunks,
+                         this_run.counts["products_out"], this_run.counts["rejected"],
+                         this_run.counts["products_out"] / (last_log - started))
+    return previous, this_run
+
+
 def run_job(
     *,
     prepare: PrepareConfig,
@@ -161,25 +188,10 @@ def run_job(
     sizing = size_actors(ray.cluster_resources(), resources)
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
     registry = IdRegistry(resources.registry_shards or nodes)
-    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
-             len(shards), len(state.manifests), sizing.actors, sizing.device)
-    previous = _seed(state.manifests, registry, False, resources.io_cpus) if state.manifests else Stats()
-    if skip_existing:
-        earlier = commit.scan(skip_existing)
-        if not earlier.manifests:
-            raise ValueError(f"--skip-existing {skip_existing}: no committed chunks there (not an hpd extract output?)")
-        _seed(earlier.manifests, registry, True, resources.io_cpus)
-
-    this_run, last_log = Stats(), time.time()
-    if shards:
-        ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
-        for row in ds.iter_rows():
-            this_run.add(json.loads(row["stats"]))
-            if time.time() - last_log >= resources.progress_seconds:
-                last_log = time.time()
-                log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", this_run.chunks,
-                         this_run.counts["products_out"], this_run.counts["rejected"],
-                         this_run.counts["products_out"] / (last_log - started))
+    try:
+        previous, this_run = _execute(state, shards, prepare, extract, output, sizing, resources, registry, skip_existing)
+    finally:
+        registry.shutdown()
     meta = {
         "run_id": output.run_id,
         "input": prepare.read.uri,

@@ -102,3 +102,8 @@ class IdRegistry:
 
     def size(self) -> int:
         return sum(ray.get([actor.size.remote() for actor in self._actors]))
+
+    def shutdown(self) -> None:
+        """End the registry actors (they also end with the driver that created them)."""
+        for actor in self._actors:
+            ray.kill(actor)

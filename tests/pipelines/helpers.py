@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +26,7 @@ def sample_records() -> list[dict]:
     return [json.loads(line) for line in SAMPLE.read_text().splitlines()]
 
 
-def extract_args(input_uri, output_uri, attributes=SAMPLE_ATTRIBUTES, *extra) -> list[str]:
+def extract_args(input_uri, output_uri, *extra, attributes=SAMPLE_ATTRIBUTES) -> list[str]:
     return ["--input", str(input_uri), "--attributes", str(attributes), "--output", str(output_uri),
             "--decoder", "dry-run", *map(str, extra)]
 
@@ -36,10 +38,10 @@ def run_extract(argv: list[str]) -> int:
     return extract.run(parser.parse_args(argv))
 
 
-def start_extract(argv: list[str], address: str) -> subprocess.Popen:
+def start_extract(argv: list[str], address: str, env: dict | None = None) -> subprocess.Popen:
     """`hpd extract` as a separate driver process joined to the session's Ray."""
     command = [sys.executable, "-m", "jobs.cli", "extract", *argv, "--address", address]
-    return subprocess.Popen(command, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE,
+    return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
 
 
@@ -72,3 +74,44 @@ def upload(s3_server, bucket: str, key: str, data: bytes) -> str:
 
 def jsonl(records: list) -> bytes:
     return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records).encode()
+
+
+WAIT_SECONDS = 120
+
+
+def catalog(n: int) -> tuple[list, set]:
+    """n records over the sample's categories (unique ids), plus a duplicate and two bad rows."""
+    sample = sample_records()
+    records = [dict(sample[i % len(sample)], product_id=f"p{i:05d}") for i in range(n)]
+    records[n // 2 :: 97] = [dict(r, product_id="p00001") for r in records[n // 2 :: 97]]  # duplicates of p00001
+    records.insert(n // 3, {"product_id": "bad", "category": "Nope", "title": "x"})
+    records.insert(n // 4, "{not json")
+    valid = {r["product_id"] for r in records if isinstance(r, dict) and r["category"] != "Nope"}
+    return records, valid
+
+
+def wait_for(condition, what: str):
+    deadline = time.time() + WAIT_SECONDS
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def check_exactly_once(output: str, records: list, valid: set) -> dict:
+    """Each valid product once in attributes/ (all its attributes, no duplicate rows), each bad row
+    once in rejected/, and the report agrees."""
+    schema = json.loads(SAMPLE_ATTRIBUTES.read_text())
+    rows = read_attributes(output).select(["product_id", "category", "attribute"]).to_pylist()
+    assert max(Counter((r["product_id"], r["attribute"]) for r in rows).values()) == 1
+    by_product = defaultdict(set)
+    for row in rows:
+        by_product[row["product_id"]].add((row["category"], row["attribute"]))
+    assert set(by_product) == valid  # none lost, none extra
+    for pairs in by_product.values():
+        (category,) = {c for c, _ in pairs}
+        assert {a for _, a in pairs} == set(schema[category])
+    result = report(output)
+    assert len(rows) == result["attribute_rows"]
+    assert len(read_rejected(output)) == result["rows_rejected"] == len(records) - len(valid)
+    assert result["rows_in"] == len(records) == result["products_out"] + result["rows_rejected"]
+    return result

@@ -65,8 +65,8 @@ def s3_job(ray_cluster, s3_server, tmp_path_factory):
     upload(s3_server, bucket, "input/part-2.csv", b"a,b\n")
     upload(s3_server, bucket, "input/_SUCCESS", b"")
     output = f"s3://{bucket}/out"
-    argv = extract_args(f"s3://{bucket}/input", output, attributes, "--chunk-rows", 8, "--docs-per-prompt", 3,
-                        "--max-text-chars", 300)
+    argv = extract_args(f"s3://{bucket}/input", output, "--chunk-rows", 8, "--docs-per-prompt", 3,
+                        "--max-text-chars", 300, attributes=attributes)
     assert run_extract(argv) == 0
     return {
         "bucket": bucket, "output": output, "argv": argv, "schema": schema, "attributes": attributes,
@@ -170,7 +170,8 @@ def test_skip_existing_processes_only_new_products(s3_job, s3_server):
     rejected_before = {"product_id": "boat", "category": "Boats", "title": "x"}  # in the earlier rejected/
     upload(s3_server, bucket, "nightly/part-0.jsonl", jsonl(old + new + [rejected_before]))
     output = f"s3://{bucket}/nightly-out"
-    argv = extract_args(f"s3://{bucket}/nightly", output, s3_job["attributes"], "--skip-existing", s3_job["output"])
+    argv = extract_args(f"s3://{bucket}/nightly", output, "--skip-existing", s3_job["output"],
+                        attributes=s3_job["attributes"])
     assert run_extract(argv) == 0
     result = report(output)
     assert result["rows_skipped"] == 11 and result["products_out"] == 5 and result["rows_rejected"] == 0
