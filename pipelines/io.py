@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 GZIP_SUFFIX = ".gz"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,6 @@ def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes]:
         if position > 0:  # skip the line that started before this range
             stream.seek(position - 1)
             position -= 1
-            buffer = b""
             while b"\n" not in buffer:
                 block = stream.read(block_bytes)
                 if not block:
@@ -196,11 +196,13 @@ def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes]:
                 if block:
                     buffer += block
                     continue
-                if buffer.strip():
-                    yield buffer
-                return
+                if not buffer:
+                    return
+                newline = len(buffer) - 1  # the last line has no newline
             line, buffer = buffer[: newline + 1], buffer[newline + 1 :]
-            position += len(line)
+            start, position = position, position + len(line)
+            if start == 0 and line.startswith(UTF8_BOM):
+                line = line[len(UTF8_BOM) :]  # a byte-order mark is not part of the first record
             if line.strip():
                 yield line
 

@@ -23,12 +23,12 @@ lines = st.lists(st.text(alphabet="ab\n é{}", max_size=12), max_size=30)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines, st.integers(1, 40), st.integers(1, 7), st.booleans())
-def test_byte_range_shards_read_every_line_exactly_once(tmp_path, texts, shard_bytes, chunk_rows, final_newline):
+@given(lines, st.integers(1, 40), st.integers(1, 7), st.booleans(), st.booleans())
+def test_byte_range_shards_read_every_line_exactly_once(tmp_path, texts, shard_bytes, chunk_rows, final_newline, bom):
     path = tmp_path / "in.jsonl"
     body = "\n".join(json.dumps(t) if i % 3 else t for i, t in enumerate(texts))
-    path.write_bytes((body + ("\n" if final_newline else "")).encode())
-    expected = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + (body + ("\n" if final_newline else "")).encode())
+    expected = [line for line in path.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n") if line.strip()]
     config = ReadConfig(str(path), shard_bytes=shard_bytes, chunk_rows=chunk_rows, read_block_bytes=5)
     got = rows_of(config)
     assert [r.text.encode() for r in got] == [line.rstrip(b"\r") for line in expected]
