@@ -21,7 +21,8 @@ from pipelines.build import ResourceConfig
 from pipelines.commit import OutputConfig
 from pipelines.dryrun import DryRunConfig
 from pipelines.extract_stage import ExtractConfig
-from pipelines.io import ReadConfig, filesystem, to_uri
+from pipelines.io import filesystem, to_uri
+from pipelines.reader import ReadConfig
 from pipelines.prepare import PrepareConfig
 from pipelines.report import ReportConfig
 from pipelines.schema import ValidationConfig, load_schema

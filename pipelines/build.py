@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import ray
 
-from pipelines import commit, io
+from pipelines import commit, reader
 from pipelines.dedup import IdRegistry
 from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
@@ -182,7 +182,7 @@ def run_job(
     state = commit.scan(output.uri) if resumed else commit.ResumeState()
     shards = [
         dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())))
-        for shard in io.plan_shards(prepare.read)
+        for shard in reader.plan_shards(prepare.read)
         if not state.complete(shard.shard_id)
     ]
     sizing = size_actors(ray.cluster_resources(), resources)

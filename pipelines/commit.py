@@ -166,7 +166,10 @@ def seed_from_manifests(batch: pa.Table, registry, existing: bool) -> pa.Table:
     """
     summaries = []
     for uri in batch.column("uri").to_pylist():
-        manifest = io.read_json(uri)
+        try:
+            manifest = io.read_json(uri)
+        except ValueError as err:
+            raise ValueError(f"{err}: not a manifest written by hpd extract; delete it to redo its chunk") from err
         if existing:
             registry.add_existing(manifest["owned_ids"] + manifest["rejected_ids"])
         else:

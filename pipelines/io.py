@@ -1,11 +1,4 @@
-"""Files: local or S3 file systems, input planning and reading, atomic output writes.
-
-Input is one file or a prefix of many: Parquet, or JSON Lines (``.jsonl``, ``.json``, ``.ndjson``,
-optionally ``.gz``). The driver plans *shards* (a file, or a byte range of a large JSON Lines file);
-a reader turns a shard into *chunks* of at most ``chunk_rows`` rows / ``chunk_bytes`` bytes. A
-chunk is the unit of work and of commit: its key ``<shard_id>-<index>`` names every file it writes.
-Chunk boundaries depend only on the shard's bytes and the config, so they are the same in every
-run, which is what makes resume exactly-once.
+"""Files on local disk or S3: file systems from URIs, whole-file atomic writes, listings, IPC bytes.
 
 S3 uses the standard AWS environment: credentials, ``AWS_REGION``/``AWS_DEFAULT_REGION`` and
 ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for S3-compatible stores. pyarrow's
@@ -15,59 +8,27 @@ S3 uses the standard AWS environment: credentials, ``AWS_REGION``/``AWS_DEFAULT_
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import os
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-GZIP_SUFFIX = ".gz"
-UTF8_BOM = b"\xef\xbb\xbf"
 
-
-@dataclass(frozen=True)
-class ReadConfig:
-    """Where the input is and how it is cut into units of work.
-
-    shard_bytes: JSON Lines files larger than this are split into byte ranges read in parallel.
-    chunk_rows / chunk_bytes: a chunk closes at whichever comes first; chunks are the unit of
-        work, stacking, commit and resume.
-    read_block_bytes: size of one read from the file system.
-    limit: only the first ``limit`` rows of the input (in file order) are processed.
-    """
-
-    uri: str
-    limit: int | None = None
-    shard_bytes: int = 256 << 20
-    chunk_rows: int = 2048
-    chunk_bytes: int = 16 << 20
-    read_block_bytes: int = 1 << 20
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.uri, str) or not self.uri:
-            raise ValueError("input URI must be a non-empty string")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit must be a positive int, got {self.limit!r}")
-        for name in ("shard_bytes", "chunk_rows", "chunk_bytes", "read_block_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+def _s3_settings() -> tuple[str | None, str | None]:
+    """(endpoint, region) from the standard AWS environment variables."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return endpoint, os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """(file system, path inside it) for a local path or an ``s3://bucket/key`` URI."""
     if uri.startswith("s3://"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        fs = pafs.S3FileSystem(endpoint_override=endpoint, region=region)
-        return fs, uri[len("s3://") :].rstrip("/")
+        endpoint, region = _s3_settings()
+        return pafs.S3FileSystem(endpoint_override=endpoint, region=region), uri[len("s3://") :].rstrip("/")
     if "://" in uri:
         raise ValueError(f"unsupported URI scheme in {uri!r}: use a local path or s3://bucket/prefix")
     return pafs.LocalFileSystem(), os.path.abspath(uri).rstrip("/") or "/"
@@ -81,225 +42,18 @@ def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *parts])
 
 
-@dataclass(frozen=True)
-class Shard:
-    """A file or a byte range [start, end) of one; ``max_rows`` caps it when --limit is set."""
-
-    shard_id: str
-    uri: str
-    kind: str  # "jsonl", "jsonl.gz", "parquet" or "unsupported"
-    start: int
-    end: int
-    max_rows: int | None = None
-
-
-def _kind(path: str) -> str:
-    name = path.lower()
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(GZIP_SUFFIX) and name[: -len(GZIP_SUFFIX)].endswith(JSONL_SUFFIXES):
-        return "jsonl.gz"
-    return "unsupported"
-
-
-def _hidden(root: str, path: str) -> bool:
-    """Files under a ``_`` or ``.`` name (``_SUCCESS``, ``.crc``, ``_temporary/``) are not data."""
-    relative = path[len(root) :].strip("/")
-    return any(part.startswith(("_", ".")) for part in relative.split("/"))
-
-
-def list_input_files(uri: str) -> list[tuple[str, int]]:
-    """(uri, size) of every data file of the input, sorted by path."""
-    fs, root = filesystem(uri)
-    info = fs.get_file_info(root)
-    if info.type == pafs.FileType.File:
-        return [(to_uri(fs, root), info.size)]
-    if info.type != pafs.FileType.Directory:
-        raise ValueError(f"input {uri!r} does not exist")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File and not _hidden(root, i.path))
-    if not files:
-        raise ValueError(f"input {uri!r} holds no data files")
-    return [(to_uri(fs, path), size) for path, size in files]
-
-
-def _shard_id(uri: str, size: int, start: int, end: int) -> str:
-    return hashlib.sha256(f"{uri}|{size}|{start}|{end}".encode()).hexdigest()[:16]
-
-
-def plan_shards(config: ReadConfig) -> list[Shard]:
-    """The input's shards in file order; with ``limit`` only those holding the first rows."""
-    shards = []
-    for uri, size in list_input_files(config.uri):
-        kind = _kind(uri)
-        step = config.shard_bytes if kind == "jsonl" else max(size, 1)
-        for start in range(0, max(size, 1), step):
-            end = min(start + step, size)
-            shards.append(Shard(_shard_id(uri, size, start, end), uri, kind, start, end))
-    if config.limit is None:
-        return shards
-    limited, remaining = [], config.limit
-    for shard in shards:
-        if remaining == 0:
-            break
-        rows = sum(1 for _ in _raw_rows(shard, config.read_block_bytes))
-        take = min(rows, remaining)
-        if take:
-            limited.append(replace(shard, max_rows=take))
-        remaining -= take
-    return limited
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    """One input row: its index in the shard, the parsed value, and the original text."""
-
-    row: int
-    value: object
-    text: str
-    error: str | None = None  # set when the row could not be read or parsed
-
-
-class _Unreadable:
-    """A placeholder row for a file (or the rest of one) that could not be read."""
-
-    def __init__(self, uri: str, error: str):
-        self.text = json.dumps({"file": uri})
-        self.error = error
-
-
-def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes]:
-    """Non-blank lines whose first byte lies in [start, end) (gzip files: the whole file)."""
-    fs, path = filesystem(shard.uri)
-    if shard.kind == "jsonl.gz":
-        stream, position, end = fs.open_input_stream(path, compression="gzip"), 0, None
-    else:
-        stream, position, end = fs.open_input_file(path), shard.start, shard.end
-    with stream:
-        buffer = b""
-        if position > 0:  # skip the line that started before this range
-            stream.seek(position - 1)
-            position -= 1
-            while b"\n" not in buffer:
-                block = stream.read(block_bytes)
-                if not block:
-                    return
-                buffer += block
-            cut = buffer.index(b"\n") + 1
-            position, buffer = position + cut, buffer[cut:]
-        while end is None or position < end:
-            newline = buffer.find(b"\n")
-            if newline < 0:
-                block = stream.read(block_bytes)
-                if block:
-                    buffer += block
-                    continue
-                if not buffer:
-                    return
-                newline = len(buffer) - 1  # the last line has no newline
-            line, buffer = buffer[: newline + 1], buffer[newline + 1 :]
-            start, position = position, position + len(line)
-            if start == 0 and line.startswith(UTF8_BOM):
-                line = line[len(UTF8_BOM) :]  # a byte-order mark is not part of the first record
-            if line.strip():
-                yield line
-
-
-def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable]:
-    """Rows of a Parquet file as dicts; a corrupt file (or the rest of one) becomes one bad row.
-
-    Errors that come from the store rather than the bytes (pyarrow's S3 messages say "AWS Error")
-    are raised, so that Ray retries the task instead of rejecting readable data.
-    """
-    fs, path = filesystem(shard.uri)
-    produced = 0
-    try:
-        with fs.open_input_file(path) as file:
-            parquet = pq.ParquetFile(file)
-            meta = parquet.metadata
-            data_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-            rows_per_batch = max(1, block_bytes * max(1, meta.num_rows) // max(1, data_bytes))
-            for batch in parquet.iter_batches(batch_size=rows_per_batch):
-                for row in batch.to_pylist():
-                    produced += 1
-                    yield row
-    except (pa.ArrowInvalid, OSError) as err:
-        if "AWS Error" in str(err):
-            raise
-        where = f"after row {produced}" if produced else "at open"
-        yield _Unreadable(shard.uri, f"malformed Parquet file ({where}): {err}")
-
-
-def _raw_rows(shard: Shard, block_bytes: int) -> Iterator[bytes | dict | _Unreadable]:
-    """Raw rows of a shard, capped by ``max_rows``."""
-    if shard.kind == "parquet":
-        rows = _parquet_rows(shard, block_bytes)
-    elif shard.kind in ("jsonl", "jsonl.gz"):
-        rows = _jsonl_lines(shard, block_bytes)
-    else:
-        rows = iter([_Unreadable(shard.uri, "unsupported file type (expected .parquet or .jsonl)")])
-    for count, row in enumerate(rows):
-        if shard.max_rows is not None and count >= shard.max_rows:
-            return
-        yield row
-
-
-def _size(raw: bytes | dict | _Unreadable) -> int:
-    if isinstance(raw, bytes):
-        return len(raw)
-    if isinstance(raw, _Unreadable):
-        return len(raw.text)
-    return sum(len(v) if isinstance(v, str) else 8 for v in raw.values()) + 8 * len(raw)
-
-
-def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
-    """Parse one raw row; failures become a RawRecord with ``error`` set (a rejected row)."""
-    if isinstance(raw, _Unreadable):
-        return RawRecord(row, None, raw.text, raw.error)
-    if isinstance(raw, dict):
-        return RawRecord(row, raw, json.dumps(raw, default=str))
-    text = raw.decode("utf-8", errors="backslashreplace").rstrip("\r\n")
-    try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        return RawRecord(row, None, text, f"malformed JSON line: {err}")
-    return RawRecord(row, value, text)
-
-
-def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozenset()):
-    """Yield ``(index, records)`` per chunk; ``records`` is None for chunks in ``skip`` (not parsed)."""
-    index, pending, size, first_row = 0, [], 0, 0
-    for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
-        pending.append(raw)
-        size += _size(raw)
-        if len(pending) >= config.chunk_rows or size >= config.chunk_bytes:
-            yield index, _finish(index, pending, first_row, skip)
-            index, pending, size, first_row = index + 1, [], 0, row + 1
-    if pending:
-        yield index, _finish(index, pending, first_row, skip)
-
-
-def _finish(index, pending, first_row, skip):
-    if index in skip:
-        return None
-    return [parse_raw(first_row + i, raw) for i, raw in enumerate(pending)]
-
-
-# ---- output files ------------------------------------------------------------------------------
-
-
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole file so that readers see all of it or nothing.
+    """Write a whole file so that readers see all of it or nothing, even if interrupted.
 
-    S3: one PUT (or a multipart upload that completes on close). Local: a hidden temporary file in
-    the same directory, then an atomic rename.
+    S3: one PutObject request (boto3). Not pyarrow's output stream: an exception or a garbage-
+    collected stream between open and write completes the upload with what it has, so a worker
+    interrupted there would leave an empty object. Local: a hidden temporary file in the same
+    directory, then an atomic rename.
     """
     fs, path = filesystem(uri)
     if fs.type_name == "s3":
-        with fs.open_output_stream(path) as out:
-            out.write(data)
+        bucket, _, key = path.partition("/")
+        _s3_client(*_s3_settings()).put_object(Bucket=bucket, Key=key, Body=data)
         return
     directory, name = os.path.split(path)
     fs.create_dir(directory, recursive=True)
@@ -307,6 +61,14 @@ def write_bytes(uri: str, data: bytes) -> None:
     with fs.open_output_stream(temporary) as out:
         out.write(data)
     fs.move(temporary, path)
+
+
+@functools.lru_cache(maxsize=None)
+def _s3_client(endpoint: str | None, region: str | None):
+    """One boto3 client per process and setting (clients are thread-safe and slow to build)."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name=region)
 
 
 def write_parquet(uri: str, table: pa.Table) -> None:
@@ -322,7 +84,11 @@ def write_json(uri: str, data: object) -> None:
 def read_json(uri: str) -> object:
     fs, path = filesystem(uri)
     with fs.open_input_stream(path) as stream:
-        return json.loads(stream.read())
+        data = stream.read()
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{uri} is not valid JSON ({len(data)} bytes): {err}") from err
 
 
 def exists(uri: str) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipelines import io
+from pipelines import io, reader
 from pipelines.commit import chunk_key, mark_shard_read
 from pipelines.dedup import Claim, IdRegistry
 from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, validate_record
@@ -52,7 +52,7 @@ CHUNK_SCHEMA = pa.schema(
 class PrepareConfig:
     """What the prepare stage needs, and only that."""
 
-    read: io.ReadConfig
+    read: reader.ReadConfig
     validation: ValidationConfig
     stacking: StackingConfig
     schema: AttributeSchema
@@ -72,7 +72,7 @@ def _record_id(value: object) -> str | None:
     return product_id
 
 
-def _row(record: io.RawRecord, status: str, reason=None, stage=None, accepted: Accepted | None = None) -> dict:
+def _row(record: reader.RawRecord, status: str, reason=None, stage=None, accepted: Accepted | None = None) -> dict:
     row = {
         "row": record.row,
         "status": status,
@@ -101,7 +101,7 @@ def _row(record: io.RawRecord, status: str, reason=None, stage=None, accepted: A
 
 
 def prepare_chunk(
-    key: str, records: list[io.RawRecord], config: PrepareConfig, registry: IdRegistry
+    key: str, records: list[reader.RawRecord], config: PrepareConfig, registry: IdRegistry
 ) -> list[dict]:
     """Rows of one chunk in PREPARED_SCHEMA order: skipped, validated, deduplicated, stacked."""
     existing = set()
@@ -138,9 +138,9 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig, registry: IdRegistry)
     """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk."""
     for shard_row in batch.to_pylist():
         skip = frozenset(shard_row.pop("skip"))
-        shard = io.Shard(**shard_row)
+        shard = reader.Shard(**shard_row)
         chunks = 0
-        for index, records in io.iter_chunks(shard, config.read, skip):
+        for index, records in reader.iter_chunks(shard, config.read, skip):
             chunks += 1
             if records is None:  # committed by an earlier attempt
                 continue

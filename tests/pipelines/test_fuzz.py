@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import io
+from pipelines import io, reader
 from pipelines.dedup import IdRegistry
 from pipelines.extract_stage import ExtractConfig, ExtractStage
-from pipelines.io import ReadConfig
+from pipelines.reader import ReadConfig
 from pipelines.prepare import PREPARED_SCHEMA, PrepareConfig, prepare_chunk
 from pipelines.schema import ValidationConfig, parse_schema
 from pipelines.stacking import StackingConfig
@@ -62,7 +62,7 @@ def test_any_chunk_accounts_for_every_row(registry, raw_lines, docs_per_prompt, 
     config = PrepareConfig(ReadConfig("unused"), ValidationConfig(max_text_chars=100, oversize=oversize),
                            StackingConfig(docs_per_prompt), schema, "unused")
     key = f"fuzz-{random.getrandbits(64):016x}"  # fresh owner keys: duplicates only within the chunk
-    raws = [io.parse_raw(i, line) for i, line in enumerate(raw_lines)]
+    raws = [reader.parse_raw(i, line) for i, line in enumerate(raw_lines)]
     rows = prepare_chunk(key, raws, config, registry)
     payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
     stage = ExtractStage(ExtractConfig("dry-run", schema, "run"))
@@ -97,6 +97,8 @@ def _nasty_records(rng: random.Random, n: int) -> list[bytes]:
             out.append(json.dumps(rng.choice([[1, 2], "text", 3, None, {"nested": {"product_id": "x"}}])).encode())
         elif kind < 0.85:
             out.append(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60))).replace(b"\n", b" ") + b"x")
+        elif kind < 0.9:
+            out.append(rng.choice([b"[" * 100_000, b"1" * 5000, b'{"product_id": ' + b"9" * 5000 + b"}"]))
         else:
             text = json.dumps({"product_id": f"t-{i}", "category": "Tea", "title": "tea"})
             out.append(text[: rng.randrange(1, len(text))].encode())

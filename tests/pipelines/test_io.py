@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import io
-from pipelines.io import ReadConfig, iter_chunks, plan_shards
+from pipelines import io, reader
+from pipelines.reader import ReadConfig, iter_chunks, plan_shards
 
 
 def rows_of(config: ReadConfig) -> list:
@@ -88,7 +88,7 @@ def test_s3_listing_reading_and_atomic_writes(s3_server):
     client.put_object(Bucket=bucket, Key="in/a.jsonl", Body=b'{"product_id": "1"}\n{"product_id": "2"}\n')
     client.put_object(Bucket=bucket, Key="in/sub/b.jsonl", Body=b'{"product_id": "3"}\n')
     client.put_object(Bucket=bucket, Key="in/_SUCCESS", Body=b"")
-    files = io.list_input_files(f"s3://{bucket}/in")
+    files = reader.list_input_files(f"s3://{bucket}/in")
     assert files == [(f"s3://{bucket}/in/a.jsonl", 40), (f"s3://{bucket}/in/sub/b.jsonl", 20)]
     assert [r.value["product_id"] for r in rows_of(ReadConfig(f"s3://{bucket}/in/", shard_bytes=25))] == ["1", "2", "3"]
 

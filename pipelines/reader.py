@@ -1,0 +1,263 @@
+"""Input: plan shards of a local or S3 prefix and read them as chunks of raw records.
+
+Input is one file or a prefix of many: Parquet, or JSON Lines (``.jsonl``, ``.json``, ``.ndjson``,
+optionally ``.gz``). The driver plans *shards* (a file, or a byte range of a large JSON Lines file);
+a reader turns a shard into *chunks* of at most ``chunk_rows`` rows / ``chunk_bytes`` bytes. A
+chunk is the unit of work and of commit: its key ``<shard_id>-<index>`` names every file it writes.
+Chunk boundaries depend only on the shard's bytes and the config, so they are the same in every
+run, which is what makes resume exactly-once. A row that cannot be read (malformed line, corrupt or
+unsupported file) becomes a record with ``error`` set, never an exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipelines.io import filesystem, to_uri
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+GZIP_SUFFIX = ".gz"
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """Where the input is and how it is cut into units of work.
+
+    shard_bytes: JSON Lines files larger than this are split into byte ranges read in parallel.
+    chunk_rows / chunk_bytes: a chunk closes at whichever comes first; chunks are the unit of
+        work, stacking, commit and resume.
+    read_block_bytes: size of one read from the file system.
+    limit: only the first ``limit`` rows of the input (in file order) are processed.
+    """
+
+    uri: str
+    limit: int | None = None
+    shard_bytes: int = 256 << 20
+    chunk_rows: int = 2048
+    chunk_bytes: int = 16 << 20
+    read_block_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uri, str) or not self.uri:
+            raise ValueError("input URI must be a non-empty string")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"limit must be a positive int, got {self.limit!r}")
+        for name in ("shard_bytes", "chunk_rows", "chunk_bytes", "read_block_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A file or a byte range [start, end) of one; ``max_rows`` caps it when --limit is set."""
+
+    shard_id: str
+    uri: str
+    kind: str  # "jsonl", "jsonl.gz", "parquet" or "unsupported"
+    start: int
+    end: int
+    max_rows: int | None = None
+
+
+def _kind(path: str) -> str:
+    name = path.lower()
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(GZIP_SUFFIX) and name[: -len(GZIP_SUFFIX)].endswith(JSONL_SUFFIXES):
+        return "jsonl.gz"
+    return "unsupported"
+
+
+def _hidden(root: str, path: str) -> bool:
+    """Files under a ``_`` or ``.`` name (``_SUCCESS``, ``.crc``, ``_temporary/``) are not data."""
+    relative = path[len(root) :].strip("/")
+    return any(part.startswith(("_", ".")) for part in relative.split("/"))
+
+
+def list_input_files(uri: str) -> list[tuple[str, int]]:
+    """(uri, size) of every data file of the input, sorted by path."""
+    fs, root = filesystem(uri)
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        return [(to_uri(fs, root), info.size)]
+    if info.type != pafs.FileType.Directory:
+        raise ValueError(f"input {uri!r} does not exist")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    files = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File and not _hidden(root, i.path))
+    if not files:
+        raise ValueError(f"input {uri!r} holds no data files")
+    return [(to_uri(fs, path), size) for path, size in files]
+
+
+def _shard_id(uri: str, size: int, start: int, end: int) -> str:
+    return hashlib.sha256(f"{uri}|{size}|{start}|{end}".encode()).hexdigest()[:16]
+
+
+def plan_shards(config: ReadConfig) -> list[Shard]:
+    """The input's shards in file order; with ``limit`` only those holding the first rows."""
+    shards = []
+    for uri, size in list_input_files(config.uri):
+        kind = _kind(uri)
+        step = config.shard_bytes if kind == "jsonl" else max(size, 1)
+        for start in range(0, max(size, 1), step):
+            end = min(start + step, size)
+            shards.append(Shard(_shard_id(uri, size, start, end), uri, kind, start, end))
+    if config.limit is None:
+        return shards
+    limited, remaining = [], config.limit
+    for shard in shards:
+        if remaining == 0:
+            break
+        rows = sum(1 for _ in _raw_rows(shard, config.read_block_bytes))
+        take = min(rows, remaining)
+        if take:
+            limited.append(replace(shard, max_rows=take))
+        remaining -= take
+    return limited
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One input row: its index in the shard, the parsed value, and the original text."""
+
+    row: int
+    value: object
+    text: str
+    error: str | None = None  # set when the row could not be read or parsed
+
+
+class _Unreadable:
+    """A placeholder row for a file (or the rest of one) that could not be read."""
+
+    def __init__(self, uri: str, error: str):
+        self.text = json.dumps({"file": uri})
+        self.error = error
+
+
+def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes]:
+    """Non-blank lines whose first byte lies in [start, end) (gzip files: the whole file)."""
+    fs, path = filesystem(shard.uri)
+    if shard.kind == "jsonl.gz":
+        stream, position, end = fs.open_input_stream(path, compression="gzip"), 0, None
+    else:
+        stream, position, end = fs.open_input_file(path), shard.start, shard.end
+    with stream:
+        buffer = b""
+        if position > 0:  # skip the line that started before this range
+            stream.seek(position - 1)
+            position -= 1
+            while b"\n" not in buffer:
+                block = stream.read(block_bytes)
+                if not block:
+                    return
+                buffer += block
+            cut = buffer.index(b"\n") + 1
+            position, buffer = position + cut, buffer[cut:]
+        while end is None or position < end:
+            newline = buffer.find(b"\n")
+            if newline < 0:
+                block = stream.read(block_bytes)
+                if block:
+                    buffer += block
+                    continue
+                if not buffer:
+                    return
+                newline = len(buffer) - 1  # the last line has no newline
+            line, buffer = buffer[: newline + 1], buffer[newline + 1 :]
+            start, position = position, position + len(line)
+            if start == 0 and line.startswith(UTF8_BOM):
+                line = line[len(UTF8_BOM) :]  # a byte-order mark is not part of the first record
+            if line.strip():
+                yield line
+
+
+def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable]:
+    """Rows of a Parquet file as dicts; a corrupt file (or the rest of one) becomes one bad row.
+
+    Errors that come from the store rather than the bytes (pyarrow's S3 messages say "AWS Error")
+    are raised, so that Ray retries the task instead of rejecting readable data.
+    """
+    fs, path = filesystem(shard.uri)
+    produced = 0
+    try:
+        with fs.open_input_file(path) as file:
+            parquet = pq.ParquetFile(file)
+            meta = parquet.metadata
+            data_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            rows_per_batch = max(1, block_bytes * max(1, meta.num_rows) // max(1, data_bytes))
+            for batch in parquet.iter_batches(batch_size=rows_per_batch):
+                for row in batch.to_pylist():
+                    produced += 1
+                    yield row
+    except (pa.ArrowInvalid, OSError) as err:
+        if "AWS Error" in str(err):
+            raise
+        where = f"after row {produced}" if produced else "at open"
+        yield _Unreadable(shard.uri, f"malformed Parquet file ({where}): {err}")
+
+
+def _raw_rows(shard: Shard, block_bytes: int) -> Iterator[bytes | dict | _Unreadable]:
+    """Raw rows of a shard, capped by ``max_rows``."""
+    if shard.kind == "parquet":
+        rows = _parquet_rows(shard, block_bytes)
+    elif shard.kind in ("jsonl", "jsonl.gz"):
+        rows = _jsonl_lines(shard, block_bytes)
+    else:
+        rows = iter([_Unreadable(shard.uri, "unsupported file type (expected .parquet or .jsonl)")])
+    for count, row in enumerate(rows):
+        if shard.max_rows is not None and count >= shard.max_rows:
+            return
+        yield row
+
+
+def _size(raw: bytes | dict | _Unreadable) -> int:
+    if isinstance(raw, bytes):
+        return len(raw)
+    if isinstance(raw, _Unreadable):
+        return len(raw.text)
+    return sum(len(v) if isinstance(v, str) else 8 for v in raw.values()) + 8 * len(raw)
+
+
+def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
+    """Parse one raw row; failures become a RawRecord with ``error`` set (a rejected row)."""
+    if isinstance(raw, _Unreadable):
+        return RawRecord(row, None, raw.text, raw.error)
+    if isinstance(raw, dict):
+        return RawRecord(row, raw, json.dumps(raw, default=str))
+    text = raw.decode("utf-8", errors="backslashreplace").rstrip("\r\n")
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, huge ints, deep nesting
+        return RawRecord(row, None, text, f"malformed JSON line: {str(err)[:200] or type(err).__name__}")
+    return RawRecord(row, value, text)
+
+
+def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozenset()):
+    """Yield ``(index, records)`` per chunk; ``records`` is None for chunks in ``skip`` (not parsed)."""
+    index, pending, size, first_row = 0, [], 0, 0
+    for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
+        pending.append(raw)
+        size += _size(raw)
+        if len(pending) >= config.chunk_rows or size >= config.chunk_bytes:
+            yield index, _finish(index, pending, first_row, skip)
+            index, pending, size, first_row = index + 1, [], 0, row + 1
+    if pending:
+        yield index, _finish(index, pending, first_row, skip)
+
+
+def _finish(index, pending, first_row, skip):
+    if index in skip:
+        return None
+    return [parse_raw(first_row + i, raw) for i, raw in enumerate(pending)]

@@ -1,0 +1,69 @@
+"""Job configuration and cluster sizing (no Ray needed)."""
+
+import argparse
+
+import pytest
+
+from jobs import extract
+from jobs.config import from_args
+from pipelines.build import ResourceConfig, size_actors
+
+from .helpers import SAMPLE, SAMPLE_ATTRIBUTES
+
+
+def parse(*argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    return parser.parse_args(["--input", str(SAMPLE), "--attributes", str(SAMPLE_ATTRIBUTES), *map(str, argv)])
+
+
+@pytest.mark.parametrize(
+    "cluster, config, expected",
+    [
+        ({"GPU": 8, "CPU": 192}, ResourceConfig(), ("gpu", 1, 1.0, 8)),
+        ({"GPU": 8, "CPU": 192}, ResourceConfig(max_actors=2), ("gpu", 1, 1.0, 2)),
+        ({"CPU": 2}, ResourceConfig(), ("cpu", 0, 1.0, 1)),  # the other CPU stays free for tasks
+        ({"CPU": 1}, ResourceConfig(), ("cpu", 0, 0.5, 1)),
+        ({"CPU": 16}, ResourceConfig(), ("cpu", 0, 1.0, 8)),
+        ({"CPU": 16}, ResourceConfig(cpu_actor_cpus=4), ("cpu", 0, 4, 2)),
+    ],
+)
+def test_actor_sizing(cluster, config, expected):
+    sizing = size_actors(cluster, config)
+    assert (sizing.device, sizing.num_gpus, sizing.num_cpus, sizing.actors) == expected
+    assert sizing.num_cpus <= cluster["CPU"] / 2 or sizing.device == "gpu"
+
+
+def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
+    config = from_args(parse("--output", tmp_path / "out"))
+    assert config.prepare.stacking.docs_per_prompt == 4 and config.extract.decode.max_value_tokens == 30
+    assert config.report.price_per_gpu_hour == 3.77 and config.prepare.validation.oversize == "truncate"
+    assert config.extract.decoder == "hpd" and config.extract.model_uri == "default"
+    again = from_args(parse("--output", tmp_path / "out", "--price-per-gpu-hour", 9, "--address", "local"))
+    assert again.output.run_id == config.output.run_id  # price and address do not change the rows
+    other = from_args(parse("--output", tmp_path / "out", "--docs-per-prompt", 2))
+    assert other.output.run_id != config.output.run_id
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--output", SAMPLE.parent], "must not contain one another"),
+        (["--output", "x", "--docs-per-prompt", 0], "docs_per_prompt"),
+        (["--output", "x", "--max-value-tokens", 0], "max_value_tokens"),
+        (["--output", "x", "--limit", 0], "limit"),
+        (["--output", "x", "--max-text-chars", -1], "max_text_chars"),
+        (["--output", "x", "--model", "s3://b/m", "--dtype", "float32", "--max-actors", 0], "max_actors"),
+        (["--output", "ftp://host/x"], "unsupported URI scheme"),
+    ],
+)
+def test_bad_arguments_are_clear_value_errors(argv, message, tmp_path):
+    argv = [a if a != "x" else tmp_path / "out" for a in argv]
+    with pytest.raises(ValueError, match=message):
+        from_args(parse(*argv))
+
+
+def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
+    args = parse("--output", tmp_path / "out", "--docs-per-prompt", 0)
+    assert extract.run(args) == 2
+    assert "docs_per_prompt" in capsys.readouterr().err
