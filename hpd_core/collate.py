@@ -1,0 +1,175 @@
+"""Training examples for fine-tuning: stacking labelled products into prompts, and the collators.
+
+HPD (``hpd_features``): the sequence is the engine's training view (DESIGN.md section 2): prompt +
+skeleton with each slot's gold value tokens inserted after its key (``reference.logical_sequence``),
+gapped positions, generation index g (0 for prompt/skeleton, k for value token k) and the mask
+``masks.training_allowed``. A slot's gold tokens v1..vK are ``render_value(value, terminator)``
+tokenized on their own, as the engine splits key and value. The final token vK (the one holding the
+terminator) is produced but never fed, so the inputs are v1..v(K-1) and the labels are
+anchor -> v1, v1 -> v2, ..., v(K-1) -> vK; every other token has label ``IGNORE``. A value longer
+than K_max tokens is cut to its first K_max tokens, exactly what the engine would produce before
+flagging the slot truncated: those K_max labels are still correct next tokens, so they are kept.
+
+Baseline (``ar_features``): prompt ids exactly as ``AutoregressiveDecoder.prompt_ids`` (prompt +
+``{\\n``), then the rest of the gold JSON answer and the end-of-sequence token; ordinary causal-LM
+loss on the answer tokens only (positions 0..n-1, generation index 0, so the same mask function
+gives the plain causal mask).
+
+``collate`` right-pads a list of features and builds explicit position ids and per-example 4D
+additive masks (B, 1, T, T); a padding query sees only itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hpd_core import masks
+from hpd_core.layout import build_layout, encode
+from hpd_core.prompts import answer_prefix, render_answer, render_prompt, render_value, value_suffix
+from hpd_core.reference import logical_sequence
+from hpd_core.types import Attribute, Product, Request
+
+IGNORE = -100  # label of tokens that carry no loss (torch cross_entropy's ignore_index)
+
+
+@dataclass(frozen=True)
+class Labeled:
+    """One product with its target values, one per attribute of its category (schema order)."""
+
+    category: str
+    product: Product
+    values: tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training prompt: a request of J products and the target values ``values[j][n]``."""
+
+    request: Request
+    values: tuple[tuple[str | None, ...], ...]
+
+
+@dataclass(frozen=True)
+class Features:
+    """One example as token sequences of equal length."""
+
+    input_ids: tuple[int, ...]
+    position_ids: tuple[int, ...]
+    gen: tuple[int, ...]  # generation index (all 0 for the baseline)
+    labels: tuple[int, ...]  # the next token to predict at each index, or IGNORE
+    truncated_slots: int = 0  # HPD slots whose gold value was cut at K_max
+
+    @property
+    def num_labels(self) -> int:
+        return sum(1 for t in self.labels if t != IGNORE)
+
+
+def stack_examples(
+    products: Sequence[Labeled],
+    attributes: dict[str, tuple[Attribute, ...]],
+    docs_per_prompt: int,
+    rng: random.Random,
+) -> list[Example]:
+    """Group products by category, shuffle within each, cut into prompts of ``docs_per_prompt``.
+
+    Categories keep their order of first appearance; the last prompt of a category may be smaller.
+    """
+    if docs_per_prompt < 1:
+        raise ValueError(f"docs_per_prompt must be >= 1, got {docs_per_prompt}")
+    by_category: dict[str, list[Labeled]] = {}
+    for item in products:
+        by_category.setdefault(item.category, []).append(item)
+    examples = []
+    for category, items in by_category.items():
+        items = list(items)
+        rng.shuffle(items)
+        attrs = attributes[category]
+        for start in range(0, len(items), docs_per_prompt):
+            chunk = items[start : start + docs_per_prompt]
+            for item in chunk:
+                if len(item.values) != len(attrs):
+                    raise ValueError(
+                        f"product {item.product.product_id!r}: {len(item.values)} values for {len(attrs)} attributes"
+                    )
+            request = Request(category, attrs, tuple(item.product for item in chunk))
+            examples.append(Example(request, tuple(item.values for item in chunk)))
+    return examples
+
+
+def value_tokens(tokenizer, example: Example) -> list[list[int]]:
+    """Per slot (product-major): the gold value's tokens as HPD generates them (not yet cut)."""
+    request = example.request
+    n_attr = len(request.attributes)
+    return [
+        encode(tokenizer, render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s)))
+        for s in range(request.num_slots)
+    ]
+
+
+def hpd_features(tokenizer, example: Example, k_max: int) -> Features:
+    """The training view of one prompt, labels on every value token (see module doc)."""
+    layout = build_layout(example.request, tokenizer, k_max)
+    full = value_tokens(tokenizer, example)
+    gold = [tokens[:k_max] for tokens in full]  # what the engine produces before cutting
+    fed = [tokens[:-1] for tokens in gold]  # the final token of a slot is never fed
+    ids, pos, gen, last = logical_sequence(layout, fed)
+    labels = [IGNORE] * len(ids)
+    for s, tokens in enumerate(gold):
+        anchor = last[s] - len(fed[s])  # index of slot s's anchor in the logical sequence
+        labels[anchor : anchor + len(tokens)] = tokens  # anchor -> v1, v_k -> v_(k+1)
+    truncated = sum(len(tokens) > k_max for tokens in full)
+    return Features(tuple(ids), tuple(pos), tuple(gen), tuple(labels), truncated)
+
+
+def ar_features(tokenizer, example: Example) -> Features:
+    """The baseline's sequence: prompt + ``{\\n`` (no loss), rest of the answer + eos (loss)."""
+    request = example.request
+    prefix = answer_prefix()
+    prompt = encode(tokenizer, render_prompt(request, tokenizer) + prefix)
+    answer_text = render_answer(request, [list(row) for row in example.values])
+    if not answer_text.startswith(prefix):
+        raise ValueError(f"answer text does not start with the answer prefix {prefix!r}")
+    answer = encode(tokenizer, answer_text[len(prefix) :])
+    if tokenizer.eos_token_id is not None:
+        answer.append(tokenizer.eos_token_id)
+    ids = prompt + answer
+    # label at index i is the token at i + 1: the last prompt token predicts the first answer token
+    labels = [IGNORE] * (len(prompt) - 1) + answer + [IGNORE]
+    return Features(tuple(ids), tuple(range(len(ids))), (0,) * len(ids), tuple(labels))
+
+
+def features(tokenizer, example: Example, decoder: str, k_max: int) -> Features:
+    if decoder == "hpd":
+        return hpd_features(tokenizer, example, k_max)
+    if decoder == "ar":
+        return ar_features(tokenizer, example)
+    raise ValueError(f"decoder must be 'hpd' or 'ar' for fine-tuning, got {decoder!r}")
+
+
+def collate(batch: Sequence[Features], pad_id: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest example. Returns input_ids, position_ids, labels (B, T) and the
+    additive attention_mask (B, 1, T, T) of the training-view rule in ``dtype``."""
+    B, T = len(batch), max(len(f.input_ids) for f in batch)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((B, T), dtype=torch.long)
+    gen = torch.zeros((B, T), dtype=torch.long)
+    labels = torch.full((B, T), IGNORE, dtype=torch.long)
+    valid = torch.zeros((B, T), dtype=torch.bool)
+    for b, f in enumerate(batch):
+        n = len(f.input_ids)
+        input_ids[b, :n] = torch.tensor(f.input_ids)
+        position_ids[b, :n] = torch.tensor(f.position_ids)
+        gen[b, :n] = torch.tensor(f.gen)
+        labels[b, :n] = torch.tensor(f.labels)
+        valid[b, :n] = True
+    allowed = masks.training_allowed(position_ids, gen, valid)  # (B, T, T)
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "attention_mask": masks.additive(allowed, dtype),
+        "labels": labels,
+    }

@@ -1,0 +1,286 @@
+"""HPD-aligned fine-tuning (and the baseline's, for a fair comparison): LoRA or full, one device.
+
+``train`` re-stacks the training products into prompts every epoch (new shuffle, same J), turns
+them into features with the decoder's collator (collate.py), and runs AdamW with linear warmup and
+decay. The loss is the mean cross-entropy over label tokens of an optimizer step (micro-batches x
+gradient accumulation), computed from hidden states gathered at label positions, so the LM head
+never runs on prompt tokens. Validation loss (held-out products, fixed stacking) is measured before
+training and after every epoch. torch + transformers + peft only: no Ray, no S3.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, stack_examples
+from hpd_core.config import DecodeConfig
+from hpd_core.types import Attribute
+
+log = logging.getLogger(__name__)
+
+FINETUNE_DECODERS = ("hpd", "ar")
+DEFAULT_LORA_LR = 2e-4
+DEFAULT_FULL_LR = 2e-5
+LORA_TARGETS = "all-linear"  # every attention and MLP projection; never the LM head
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to fine-tune.
+
+    docs_per_prompt: J, products per training prompt (use the J the extraction runs with).
+    max_value_tokens: K_max, the position gap; gold values longer than this are cut (collate.py).
+    lr: None picks DEFAULT_LORA_LR or DEFAULT_FULL_LR.
+    grad_accum: micro-batches per optimizer step; ``max_steps`` caps optimizer steps (smoke runs).
+    warmup_ratio: fraction of the optimizer steps with linearly rising LR; then linear decay to 0.
+    """
+
+    docs_per_prompt: int
+    decoder: str = "hpd"
+    max_value_tokens: int = DecodeConfig().max_value_tokens
+    full: bool = False
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lr: float | None = None
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    max_grad_norm: float = 1.0
+    batch_size: int = 1
+    grad_accum: int = 4
+    epochs: int = 3
+    max_steps: int | None = None
+    seed: int = 0
+    log_every: int = 10
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.decoder not in FINETUNE_DECODERS:
+            raise ValueError(f"decoder must be one of {FINETUNE_DECODERS}, got {self.decoder!r}")
+        DecodeConfig(max_value_tokens=self.max_value_tokens)  # same validation as decoding
+        positive = ("docs_per_prompt", "lora_rank", "batch_size", "grad_accum", "epochs", "log_every")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+
+    @property
+    def learning_rate(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return DEFAULT_FULL_LR if self.full else DEFAULT_LORA_LR
+
+
+@dataclass
+class TrainReport:
+    """What happened: losses per optimizer step, validation loss before training and per epoch."""
+
+    steps: int = 0
+    epochs: float = 0.0
+    examples_per_epoch: int = 0
+    steps_per_epoch: int = 0
+    train_losses: list[float] = field(default_factory=list)
+    val_losses: list[float | None] = field(default_factory=list)
+    tokens: int = 0  # input tokens processed (no padding)
+    label_tokens: int = 0
+    truncated_slots: int = 0  # HPD gold values cut at K_max (first epoch)
+    seconds: float = 0.0
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.seconds / self.steps if self.steps else None
+
+
+def prepare_model(model, config: TrainConfig):
+    """Wrap with LoRA (or unfreeze everything for full fine-tuning) and switch to train mode."""
+    torch.manual_seed(config.seed)  # LoRA initialisation
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.full:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=LORA_TARGETS,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    model.train()
+    return model
+
+
+def token_losses(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy (N,) at every label position of the batch (row-major order).
+
+    Runs the transformer body with the batch's explicit positions and 4D mask, then the LM head on
+    the label positions only (with the model's final logit soft-capping, if any).
+    """
+    body, head = model.get_decoder(), model.get_output_embeddings()
+    device = head.weight.device
+    hidden = body(
+        input_ids=batch["input_ids"].to(device),
+        position_ids=batch["position_ids"].to(device),
+        attention_mask=batch["attention_mask"].to(device),
+        use_cache=False,
+    ).last_hidden_state  # (B, T, H)
+    labels = batch["labels"].to(device)
+    keep = labels != IGNORE
+    logits = head(hidden[keep]).float()  # (N, V)
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, labels[keep], reduction="none")
+
+
+def mask_dtype(model) -> torch.dtype:
+    return model.get_input_embeddings().weight.dtype
+
+
+def batches(feats: Sequence[Features], batch_size: int) -> list[list[Features]]:
+    return [list(feats[i : i + batch_size]) for i in range(0, len(feats), batch_size)]
+
+
+@torch.no_grad()
+def mean_loss(model, tokenizer, feats: Sequence[Features], batch_size: int) -> float | None:
+    """Mean token loss over ``feats`` (eval mode); None when there is nothing to score."""
+    if not feats:
+        return None
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for group in batches(feats, batch_size):
+        losses = token_losses(model, collate(group, tokenizer.pad_token_id, mask_dtype(model)))
+        total += float(losses.sum())
+        count += losses.numel()
+    model.train(was_training)
+    return total / count if count else None
+
+
+def to_features(tokenizer, examples: Sequence[Example], config: TrainConfig) -> list[Features]:
+    return [features(tokenizer, ex, config.decoder, config.max_value_tokens) for ex in examples]
+
+
+def schedule(optimizer, total_steps: int, warmup_ratio: float):
+    warmup = math.ceil(warmup_ratio * total_steps)
+
+    def factor(step: int) -> float:  # step = optimizer steps taken so far
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def train(
+    model,
+    tokenizer,
+    train_products: Sequence[Labeled],
+    val_products: Sequence[Labeled],
+    attributes: dict[str, tuple[Attribute, ...]],
+    config: TrainConfig,
+) -> TrainReport:
+    """Fine-tune ``model`` (already passed through ``prepare_model``) in place; return the report."""
+    if not train_products:
+        raise ValueError("no training products: check the training data and --val-fraction")
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)  # dropout
+    val_examples = stack_examples(val_products, attributes, config.docs_per_prompt, random.Random(config.seed))
+    val_feats = to_features(tokenizer, val_examples, config)
+    dtype = mask_dtype(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    report = TrainReport()
+    first = stack_examples(train_products, attributes, config.docs_per_prompt, rng)
+    report.examples_per_epoch = len(first)
+    report.steps_per_epoch = math.ceil(math.ceil(len(first) / config.batch_size) / config.grad_accum)
+    total = report.steps_per_epoch * config.epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    scheduler = schedule(optimizer, total, config.warmup_ratio)
+    report.val_losses.append(mean_loss(model, tokenizer, val_feats, config.batch_size))
+    log.info("%d training prompts/epoch, %d optimizer steps/epoch, %d steps; val loss %s",
+             len(first), report.steps_per_epoch, total, _fmt(report.val_losses[0]))
+
+    window_tokens, window_seconds = 0, 0.0  # for the progress line; validation time excluded
+    examples = first
+    for epoch in range(config.epochs):
+        if epoch > 0:
+            examples = stack_examples(train_products, attributes, config.docs_per_prompt, rng)
+        feats = to_features(tokenizer, examples, config)
+        if epoch == 0:
+            report.truncated_slots = sum(f.truncated_slots for f in feats)
+        rng.shuffle(feats)
+        micro = batches(feats, config.batch_size)
+        for first_micro in range(0, len(micro), config.grad_accum):
+            group = micro[first_micro : first_micro + config.grad_accum]
+            step_start = time.perf_counter()
+            n_labels = sum(f.num_labels for b in group for f in b)
+            step_loss = 0.0
+            for b in group:
+                losses = token_losses(model, collate(b, tokenizer.pad_token_id, dtype))
+                loss = losses.sum() / n_labels
+                loss.backward()
+                step_loss += float(loss.detach())
+                tokens = sum(len(f.input_ids) for f in b)
+                window_tokens += tokens
+                report.tokens += tokens
+            report.label_tokens += n_labels
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            elapsed = time.perf_counter() - step_start
+            report.seconds += elapsed
+            window_seconds += elapsed
+            report.steps += 1
+            report.train_losses.append(step_loss)
+            report.epochs = epoch + (first_micro + len(group)) / len(micro)
+            if report.steps % config.log_every == 0 or report.steps == total:
+                log.info("step %d/%d epoch %.2f loss %.4f lr %.2e %.0f tokens/s %.2f s/step",
+                         report.steps, total, report.epochs, step_loss, scheduler.get_last_lr()[0],
+                         window_tokens / window_seconds, report.seconds / report.steps)
+                window_tokens, window_seconds = 0, 0.0
+            if report.steps >= total:
+                break
+        report.val_losses.append(mean_loss(model, tokenizer, val_feats, config.batch_size))
+        log.info("epoch %.2f done: val loss %s", report.epochs, _fmt(report.val_losses[-1]))
+        if report.steps >= total:
+            break
+    model.eval()
+    return report
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def save(model, tokenizer, out_dir: Path, full: bool) -> None:
+    """LoRA: the adapter (``load_model(ModelConfig(name=base, adapter=out_dir))``); full: the whole
+    model and tokenizer (``ModelConfig(name=out_dir)``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    if full:
+        tokenizer.save_pretrained(out_dir)

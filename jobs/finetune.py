@@ -1,0 +1,144 @@
+"""`hpd finetune`: HPD-aligned (or baseline) fine-tuning on gold values or a teacher's output.
+
+    hpd finetune --train DIR --out ADAPTER [--decoder hpd|ar] [--teacher EXTRACT_OUTPUT] ...
+
+``--train`` is an ``hpd convert`` directory (records.jsonl, attributes.json, gold.jsonl) or a
+records file (JSONL/Parquet; ``--attributes`` and ``--gold`` default to the files beside it). With
+``--teacher URI`` the targets are the teacher's ``attributes/`` output instead of gold
+(distillation). Products are held out for validation (``--val-fraction``), the rest are stacked J
+per prompt (``--docs-per-prompt``, the same J for both decoders). The adapter (or, with
+``--full``, the whole model) is saved in ``--out`` with ``training_config.json``; load it with
+``ModelConfig(name=MODEL, adapter=OUT)`` (``hpd extract --adapter OUT``).
+
+Training defaults live in ``hpd_core.finetune.TrainConfig``; options left unset here take them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from hpd_core.config import ATTENTION, DEFAULT_MODEL, DTYPES, DecodeConfig, ModelConfig
+from pipelines.stacking import StackingConfig
+
+CONFIG_FILE = "training_config.json"
+DEFAULT_VAL_FRACTION = 0.1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument("--train", type=Path, required=True, help="hpd convert directory or records file (.jsonl/.parquet)")
+    data.add_argument("--attributes", type=Path, help="attribute schema (default: attributes.json beside the records)")
+    data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records)")
+    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold")
+    data.add_argument(
+        "--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="products held out for validation loss (default %(default)s)"
+    )
+    data.add_argument(
+        "--docs-per-prompt", type=int, default=StackingConfig().docs_per_prompt, help="J products per prompt (default %(default)s, as extraction)"
+    )
+    data.add_argument(
+        "--max-value-tokens", type=int, default=DecodeConfig().max_value_tokens, help="K_max (default %(default)s, as extraction)"
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=DEFAULT_MODEL, help="base model: 'default', hub id, local dir or .gguf")
+    model.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
+    model.add_argument("--dtype", choices=DTYPES, default=ModelConfig().dtype, help="weights dtype (default %(default)s)")
+    model.add_argument("--attention", choices=[a for a in ATTENTION if a != "flex_attention"], default="sdpa")
+    model.add_argument("--out", type=Path, required=True, help="output directory for the adapter and training_config.json")
+    train = parser.add_argument_group("training (unset options take hpd_core.finetune.TrainConfig defaults)")
+    train.add_argument("--decoder", choices=["hpd", "ar"], default="hpd", help="training view: hpd (default) or ar baseline")
+    train.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    train.add_argument("--lora-rank", type=int, help="LoRA rank (default 16)")
+    train.add_argument("--lora-alpha", type=int, help="LoRA alpha (default 32)")
+    train.add_argument("--lora-dropout", type=float, help="LoRA dropout (default 0.05)")
+    train.add_argument("--lr", type=float, help="peak learning rate (default 2e-4 LoRA, 2e-5 full)")
+    train.add_argument("--weight-decay", type=float)
+    train.add_argument("--warmup-ratio", type=float, help="fraction of steps with rising LR (default 0.05)")
+    train.add_argument("--max-grad-norm", type=float)
+    train.add_argument("--batch-size", type=int, help="prompts per micro-batch (default 1)")
+    train.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 4)")
+    train.add_argument("--epochs", type=int, help="(default 3)")
+    train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (smoke runs, timing)")
+    train.add_argument("--seed", type=int, help="(default 0)")
+    train.add_argument("--log-every", type=int, help="progress line every N optimizer steps (default 10)")
+    train.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
+
+
+TRAIN_OPTIONS = (
+    "decoder", "full", "lora_rank", "lora_alpha", "lora_dropout", "lr", "weight_decay", "warmup_ratio",
+    "max_grad_norm", "batch_size", "grad_accum", "epochs", "max_steps", "seed", "log_every",
+    "gradient_checkpointing",
+)  # fmt: skip
+
+
+def split(products: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, validation): a seeded random ``fraction`` of the products is held out."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"--val-fraction must be in [0, 1), got {fraction}")
+    order = list(range(len(products)))
+    random.Random(seed).shuffle(order)
+    held = set(order[: round(fraction * len(products))])
+    return [p for i, p in enumerate(products) if i not in held], [p for i, p in enumerate(products) if i in held]
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    import torch
+
+    from hpd_core import finetune
+    from hpd_core.models import load_model
+    from jobs import gold
+
+    options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
+    config = finetune.TrainConfig(docs_per_prompt=args.docs_per_prompt, max_value_tokens=args.max_value_tokens, **options)
+    model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
+
+    sources = gold.resolve_sources(args.train, args.attributes, args.gold)
+    data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
+    train_products, val_products = split(data.products, args.val_fraction, config.seed)
+    logging.info("data: %s", json.dumps(data.stats))
+
+    started = time.time()
+    model, tokenizer = load_model(model_config)
+    model = finetune.prepare_model(model, config)
+    report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config)
+    finetune.save(model, tokenizer, args.out, config.full)
+
+    record = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+        "train_config": asdict(config),
+        "learning_rate": config.learning_rate,
+        "model": asdict(model_config),
+        "targets": "teacher" if args.teacher else "gold",
+        "sources": {k: str(v) for k, v in asdict(sources).items()},
+        "data": {**data.stats, "train_products": len(train_products), "val_products": len(val_products)},
+        "report": {**asdict(report), "seconds_per_step": report.seconds_per_step},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "wall_seconds": time.time() - started,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+            "threads": torch.get_num_threads(),
+        },
+    }
+    (args.out / CONFIG_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    summary = {
+        "out": str(args.out),
+        "decoder": config.decoder,
+        "steps": report.steps,
+        "seconds_per_step": report.seconds_per_step,
+        "train_loss": report.train_losses[-1] if report.train_losses else None,
+        "val_losses": report.val_losses,
+    }
+    print(json.dumps(summary))
+    return 0

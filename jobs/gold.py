@@ -1,0 +1,195 @@
+"""Training data for `hpd finetune`: product records joined with target values.
+
+Two sources of target values, always joined to a records file by ``product_id``:
+
+- gold (``hpd convert extractgpt`` output): ``gold.jsonl`` rows ``{product_id, category,
+  target_scores: {attribute: {value: 1, ...}}}``. The target of an attribute is the first key of
+  ``target_scores[attribute]`` (stripped); ``"n/a"`` and attributes absent from ``target_scores``
+  (OA-Mine leaves them out) are null.
+- a teacher (distillation): the output directory of another ``hpd extract`` run, whose
+  ``attributes/`` holds hive-partitioned Parquet rows ``{product_id, category, attribute, value,
+  truncated, ...}``. Products the teacher did not answer are skipped; so are products with any
+  truncated teacher value (a cut value is not a target). A schema attribute with no teacher row
+  counts as null and is reported.
+
+Records are validated exactly as the extraction job validates them (``pipelines.schema``), so a
+training prompt holds the same product text and attribute list as an extraction prompt. Rejected
+records and records without targets are skipped and counted in ``TrainingData.stats``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpd_core.collate import Labeled
+from hpd_core.types import Attribute
+from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
+
+from jobs.convert import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE
+from jobs.evaluate import PREDICTIONS_DIR, read_gold, resolve
+
+NULL_GOLD = "n/a"
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """Labelled products (input order) and the attributes of each category (prompt order)."""
+
+    products: list[Labeled]
+    attributes: dict[str, tuple[Attribute, ...]]
+    stats: dict[str, int | dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sources:
+    records: Path
+    attributes: Path
+    gold: Path
+
+
+def resolve_sources(train: Path, attributes: Path | None = None, gold: Path | None = None) -> Sources:
+    """``--train`` is an ``hpd convert`` directory or a records file; the schema and gold default
+    to ``attributes.json`` and ``gold.jsonl`` beside the records."""
+    if train.is_dir():
+        records, folder = train / RECORDS_FILE, train
+    else:
+        records, folder = train, train.parent
+    sources = Sources(records, attributes or folder / ATTRIBUTES_FILE, gold or folder / GOLD_FILE)
+    for what, path in (("records", sources.records), ("attribute schema", sources.attributes)):
+        if not path.is_file():
+            raise ValueError(f"{what} file {path} not found: pass an `hpd convert` directory or the file itself")
+    return sources
+
+
+def read_records(path: Path) -> list[object]:
+    """Records from JSONL (one object per line) or Parquet."""
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {number}: not valid JSON ({err.msg})") from err
+    if not rows:
+        raise ValueError(f"{path}: no records")
+    return rows
+
+
+def accepted_records(path: Path, schema) -> tuple[list[Accepted], dict]:
+    """Validate records as the extraction job does; duplicates of a product_id are skipped."""
+    rejected: Counter[str] = Counter()
+    accepted: list[Accepted] = []
+    seen: set[str] = set()
+    records = read_records(path)
+    for record in records:
+        result = validate_record(record, schema, ValidationConfig())
+        if not isinstance(result, Accepted):
+            rejected[result.reason] += 1
+        elif result.product.product_id in seen:
+            rejected["duplicate product_id"] += 1
+        else:
+            seen.add(result.product.product_id)
+            accepted.append(result)
+    return accepted, {"records": len(records), "rejected": dict(rejected)}
+
+
+def gold_value(target_scores: dict, attribute: str) -> str | None:
+    """First key of ``target_scores[attribute]`` (stripped); None for "n/a" or an absent attribute."""
+    values = target_scores.get(attribute)
+    if not values:
+        return None
+    first = next(iter(values)).strip()
+    return None if first == NULL_GOLD or not first else first
+
+
+def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
+    if not products:
+        raise ValueError(f"no training products left after joining records and targets: {stats}")
+    stats["products"] = len(products)
+    stats["slots"] = sum(len(p.values) for p in products)
+    stats["null_targets"] = sum(v is None for p in products for v in p.values)
+    return TrainingData(products, dict(schema.categories), stats)
+
+
+def load_gold(sources: Sources) -> TrainingData:
+    """Records joined with ``gold.jsonl`` (see module doc)."""
+    if not sources.gold.is_file():
+        raise ValueError(f"gold file {sources.gold} not found: pass --gold, or --teacher for distillation")
+    schema = load_schema(str(sources.attributes))
+    accepted, stats = accepted_records(sources.records, schema)
+    gold = {ex.product_id: ex for ex in read_gold(str(sources.gold))}
+    products = []
+    for item in accepted:
+        example = gold.get(item.product.product_id)
+        if example is None:
+            stats["no_targets"] = stats.get("no_targets", 0) + 1
+            continue
+        names = [a.name for a in schema.attributes(item.category)]
+        values = tuple(gold_value(example.target_scores, name) for name in names)
+        products.append(Labeled(item.category, item.product, values))
+    return _finish(products, schema, stats)
+
+
+def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int]:
+    """``URI/attributes/`` -> (product_id -> attribute -> value, products with a truncated value, rows)."""
+    import pyarrow.dataset as ds
+
+    filesystem, base = resolve(uri)
+    root = f"{base}/{PREDICTIONS_DIR}"
+    try:
+        fragments = list(ds.dataset(root, filesystem=filesystem, format="parquet", partitioning=None).get_fragments())
+    except FileNotFoundError as err:
+        raise ValueError(f"no teacher output at {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`") from err
+    if not fragments:
+        raise ValueError(f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`")
+    values: dict[str, dict[str, object]] = {}
+    truncated: set[str] = set()
+    rows = 0
+    for fragment in fragments:
+        names = fragment.physical_schema.names
+        missing = [c for c in ("product_id", "attribute", "value") if c not in names]
+        if missing:
+            raise ValueError(f"{fragment.path}: missing column(s) {missing}; is this `hpd extract` output?")
+        columns = ["product_id", "attribute", "value"] + (["truncated"] if "truncated" in names else [])
+        table = fragment.to_table(columns=columns).to_pydict()
+        flags = table.get("truncated") or [False] * len(table["product_id"])
+        for product_id, attribute, value, flag in zip(table["product_id"], table["attribute"], table["value"], flags):
+            values.setdefault(product_id, {})[attribute] = value
+            if flag:
+                truncated.add(product_id)
+        rows += len(table["product_id"])
+    return values, truncated, rows
+
+
+def load_teacher(sources: Sources, teacher: str) -> TrainingData:
+    """Records joined with a teacher's ``hpd extract`` output (see module doc)."""
+    schema = load_schema(str(sources.attributes))
+    accepted, stats = accepted_records(sources.records, schema)
+    predicted, truncated, stats["teacher_rows"] = read_teacher(teacher)
+    skipped: Counter[str] = Counter()
+    missing_values = 0
+    products = []
+    for item in accepted:
+        product_id = item.product.product_id
+        answer = predicted.get(product_id)
+        if answer is None:
+            skipped["no teacher values"] += 1
+            continue
+        if product_id in truncated:
+            skipped["teacher value truncated"] += 1
+            continue
+        names = [a.name for a in schema.attributes(item.category)]
+        missing_values += sum(name not in answer for name in names)
+        values = tuple(None if answer.get(name) is None else str(answer[name]) for name in names)
+        products.append(Labeled(item.category, item.product, values))
+    stats.update(skipped=dict(skipped), teacher_missing_values=missing_values)
+    return _finish(products, schema, stats)

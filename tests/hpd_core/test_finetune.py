@@ -1,0 +1,238 @@
+"""Fine-tuning collators and training loop.
+
+The central check: the per-token loss of the HPD training collator (one forward over the logically
+ordered sequence with the training-view mask) equals the loss computed from the logits the real
+cached engine produces while teacher-forcing the same gold tokens: same attention, same positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hpd_core.autoregressive import AutoregressiveDecoder
+from hpd_core.collate import IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, value_tokens
+from hpd_core.config import DecodeConfig, ModelConfig
+from hpd_core.engine import HPDDecoder
+from hpd_core.finetune import TrainConfig, mean_loss, prepare_model, save, token_losses, train
+from hpd_core.layout import build_layout
+from hpd_core.models import load_model
+from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
+from hpd_core.types import Product
+
+from .conftest import ARCHITECTURES, WORDS, random_request, random_text, tiny_model
+
+K_MAX = 6
+VALUES = [None, "acme 500", 'x"y', "red", "café ü", "back\\slash", "Nike"]
+
+
+def random_values(rng: random.Random, request) -> tuple[tuple[str | None, ...], ...]:
+    def one():
+        if rng.random() < 0.15:  # longer than K_MAX tokens: cut, as the engine would cut it
+            return random_text(rng, 8)
+        return rng.choice(VALUES)
+
+    return tuple(tuple(one() for _ in request.attributes) for _ in request.products)
+
+
+def random_examples(seed: int, n: int) -> list[Example]:
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n):
+        request = random_request(rng, rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 8))
+        examples.append(Example(request, random_values(rng, request)))
+    return examples
+
+
+def collator_losses(model, tokenizer, feats) -> torch.Tensor:
+    """Plain model forward with the collator's ids, positions and 4D mask; CE at label positions."""
+    batch = collate(feats, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+        ).logits
+    keep = batch["labels"] != IGNORE
+    return F.cross_entropy(logits[keep].float(), batch["labels"][keep], reduction="none")
+
+
+def engine_losses(model, tokenizer, examples) -> torch.Tensor:
+    """Teacher-force gold tokens through the cached engine; CE of its step logits."""
+    decoder = HPDDecoder(model, tokenizer, DecodeConfig(max_value_tokens=K_MAX))
+    requests = [ex.request for ex in examples]
+    layouts = [build_layout(r, tokenizer, K_MAX) for r in requests]
+    gold = [[tokens[:K_MAX] for tokens in value_tokens(tokenizer, ex)] for ex in examples]
+    results = decoder.decode_batch(requests, layouts, forced=gold)
+    losses = []
+    for slots, result in zip(gold, results):
+        for s, tokens in enumerate(slots):
+            logits = result.extra["step_logits"][s, : len(tokens)]  # (k, V): index k predicts token k+1
+            losses.append(F.cross_entropy(logits, torch.tensor(tokens), reduction="none"))
+    return torch.cat(losses)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_collator_loss_equals_engine_step_logits_loss(models, tokenizer, arch):
+    model = models[arch]
+    examples = random_examples(seed=ARCHITECTURES.index(arch), n=4)
+    feats = [hpd_features(tokenizer, ex, K_MAX) for ex in examples]
+    assert len({len(f.input_ids) for f in feats}) > 1  # the batch really is padded
+    assert sum(f.truncated_slots for f in feats) > 0  # and includes values cut at K_max
+    expected = engine_losses(model, tokenizer, examples)
+    got = collator_losses(model, tokenizer, feats)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    # the training path (body + LM head on label positions only) gives the same losses
+    with torch.no_grad():
+        trained = token_losses(model, collate(feats, tokenizer.pad_token_id))
+    torch.testing.assert_close(trained, expected, atol=1e-5, rtol=0)
+    # one example alone equals the same example inside the padded batch
+    alone = collator_losses(model, tokenizer, feats[1:2])
+    offset = feats[0].num_labels
+    torch.testing.assert_close(alone, got[offset : offset + feats[1].num_labels], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        pytest.param(lambda f: dataclasses.replace(f, gen=(0,) * len(f.gen)), id="no-generation-index"),
+        pytest.param(lambda f: dataclasses.replace(f, position_ids=tuple(range(len(f.input_ids)))), id="no-position-gaps"),
+        pytest.param(  # RoPE is relative, so only a shift of value tokens against the prompt shows
+            lambda f: dataclasses.replace(f, position_ids=tuple(p + (g > 0) for p, g in zip(f.position_ids, f.gen))),
+            id="value-positions-off-by-one",
+        ),
+    ],
+)
+def test_equivalence_check_detects_a_wrong_view(models, tokenizer, break_it):
+    """The comparison above must fail for a collator that drops the gen-index rule or the gaps."""
+    model = models["llama"]
+    examples = random_examples(seed=3, n=3)
+    expected = engine_losses(model, tokenizer, examples)
+    broken = [break_it(hpd_features(tokenizer, ex, K_MAX)) for ex in examples]
+    got = collator_losses(model, tokenizer, broken)
+    assert (got - expected).abs().max() > 1e-3
+
+
+def test_hpd_labels_are_the_gold_values(tokenizer):
+    for example in random_examples(seed=7, n=5):
+        f = hpd_features(tokenizer, example, K_MAX)
+        request = example.request
+        n_attr = len(request.attributes)
+        for i, label in enumerate(f.labels):  # a fed value token is the label of the token before it
+            if label != IGNORE and i + 1 < len(f.gen) and f.gen[i + 1] == f.gen[i] + 1:
+                assert f.input_ids[i + 1] == label
+        labelled = [t for t in f.labels if t != IGNORE]
+        expected = []
+        for s in range(request.num_slots):
+            text = render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s))
+            expected += tokenizer(text, add_special_tokens=False)["input_ids"][:K_MAX]
+        assert labelled == expected
+        assert max(f.gen) <= K_MAX - 1  # the K_max-th token is a label only, never an input
+
+
+def test_ar_labels_decode_to_the_answer(tokenizer):
+    for example in random_examples(seed=8, n=4):
+        f = ar_features(tokenizer, example)
+        labelled = [t for t in f.labels if t != IGNORE]
+        answer = render_answer(example.request, [list(v) for v in example.values])
+        assert labelled[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(labelled[:-1]) == answer[len(answer_prefix()) :]
+        for i, label in enumerate(f.labels):  # next-token labels: shifted copies of the inputs
+            if label != IGNORE and i + 1 < len(f.input_ids):
+                assert f.input_ids[i + 1] == label
+        prompt = f.input_ids[: len(f.input_ids) - len(labelled)]
+        assert list(prompt) == AutoregressiveDecoder.prompt_ids(_ar_stub(tokenizer), example.request)
+        assert f.position_ids == tuple(range(len(f.input_ids)))
+
+
+def _ar_stub(tokenizer):
+    stub = AutoregressiveDecoder.__new__(AutoregressiveDecoder)
+    stub.tokenizer = tokenizer
+    return stub
+
+
+def test_stacking_groups_one_category_per_prompt():
+    rng = random.Random(0)
+    request = random_request(rng, 1, 2)
+    attrs = {"A": request.attributes, "B": request.attributes[:1]}
+    products = [Labeled("A" if i % 3 else "B", Product(f"p{i}", "t"), (None, "x") if i % 3 else ("y",)) for i in range(10)]
+    examples = stack_examples(products, attrs, 3, random.Random(1))
+    assert sorted(len(ex.request.products) for ex in examples) == [1, 3, 3, 3]
+    seen = [p.product_id for ex in examples for p in ex.request.products]
+    assert sorted(seen) == sorted(p.product.product_id for p in products)
+    for ex in examples:
+        assert all(v == (("y",) if ex.request.category == "B" else (None, "x")) for v in ex.values)
+
+
+def labeled_products(n: int, seed: int = 0) -> tuple[list[Labeled], dict]:
+    rng = random.Random(seed)
+    request = random_request(rng, 1, 2)
+    products = [
+        Labeled(request.category, Product(f"p{i}", random_text(rng, 4)), (rng.choice(WORDS), rng.choice([None, "red"])))
+        for i in range(n)
+    ]
+    return products, {request.category: request.attributes}
+
+
+@pytest.mark.parametrize("decoder", ["hpd", "ar"])
+def test_five_steps_lower_the_training_loss(tokenizer, decoder):
+    products, attrs = labeled_products(1)
+    repeated = products * 2
+    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(docs_per_prompt=2, lora_rank=4))
+    config = TrainConfig(docs_per_prompt=2, decoder=decoder, max_value_tokens=K_MAX, lora_rank=4, lr=2e-2,
+                         grad_accum=1, epochs=10, max_steps=5, warmup_ratio=0.0)
+    example = stack_examples(repeated, attrs, 2, random.Random(0))
+    from hpd_core.finetune import to_features
+
+    feats = to_features(tokenizer, example, config)
+    before = mean_loss(model, tokenizer, feats, 1)
+    report = train(model, tokenizer, repeated, [], attrs, config)
+    after = mean_loss(model, tokenizer, feats, 1)
+    assert report.steps == 5
+    assert after < before - 0.1
+    assert report.train_losses[-1] < report.train_losses[0]
+    assert report.val_losses == [None] * (1 + 5)  # one prompt per epoch: 5 epochs, no validation set
+
+
+def test_saved_adapter_loads_and_changes_outputs(tokenizer, tmp_path):
+    base_dir = tmp_path / "base"
+    tiny_model("qwen3", len(tokenizer)).save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    base, _ = load_model(ModelConfig(name=str(base_dir)))
+    products, attrs = labeled_products(4)
+    config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, lora_rank=4, lr=2e-2, grad_accum=1, max_steps=3)
+    model = prepare_model(load_model(ModelConfig(name=str(base_dir)))[0], config)
+    train(model, tokenizer, products, products[:1], attrs, config)
+    save(model, tokenizer, tmp_path / "adapter", full=False)
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    tuned, _ = load_model(ModelConfig(name=str(base_dir), adapter=str(tmp_path / "adapter")))
+    ids = torch.tensor([hpd_features(tokenizer, stack_examples(products, attrs, 2, random.Random(0))[0], K_MAX).input_ids])
+    with torch.no_grad():
+        trained, loaded, original = (m(input_ids=ids).logits for m in (model, tuned, base))
+    assert (loaded - original).abs().max() > 1e-3
+    torch.testing.assert_close(loaded, trained, atol=1e-4, rtol=1e-4)
+
+
+def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
+    products, attrs = labeled_products(2)
+    config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, full=True, lr=1e-3, grad_accum=1, max_steps=2)
+    model = prepare_model(tiny_model("llama", len(tokenizer)), config)
+    assert all(p.requires_grad for p in model.parameters())
+    train(model, tokenizer, products, [], attrs, config)
+    save(model, tokenizer, tmp_path / "full", full=True)
+    loaded, _ = load_model(ModelConfig(name=str(tmp_path / "full")))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(decoder="reference"), dict(docs_per_prompt=0), dict(max_value_tokens=0), dict(lr=0.0), dict(max_steps=0)],
+)
+def test_train_config_validation(kwargs):
+    with pytest.raises(ValueError):
+        TrainConfig(**{"docs_per_prompt": 2, **kwargs})

@@ -1,0 +1,125 @@
+"""`hpd finetune` end to end on a tiny model saved to disk, and the training-data loaders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs import gold
+from jobs.cli import main
+from jobs.finetune import CONFIG_FILE, split
+
+ATTRIBUTES = {"Shoes": ["Brand", "Color", "Size"], "Food": ["Brand", "Flavor"]}
+TITLES = [
+    ("Shoes", "Acme red sneaker size 10", {"Brand": {"Acme": 1}, "Color": {"red": 1, "Red": 1}, "Size": {"10": 1}}),
+    ("Shoes", "Nike black loafer", {"Brand": {"Nike": 1}, "Color": {"black": 1}}),
+    ("Food", "Acme cola 500 ml", {"Brand": {"Acme": 1}, "Flavor": {"n/a": 1}}),
+    ("Shoes", "leather shoe blue", {"Color": {"blue": 1}}),
+    ("Food", "cherry drink pack of 12", {"Flavor": {"cherry": 1}}),
+    ("Shoes", "women's sneaker small", {"Size": {"small": 1}}),
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """What `hpd convert extractgpt` writes: records.jsonl, gold.jsonl, attributes.json."""
+    folder = tmp_path_factory.mktemp("train")
+    records = [{"product_id": f"p{i}", "category": c, "title": t} for i, (c, t, _) in enumerate(TITLES)]
+    records.append({"product_id": "bad", "category": "Toys", "title": "unknown category"})
+    write_jsonl(folder / "records.jsonl", records)
+    gold_rows = [{"product_id": f"p{i}", "category": c, "target_scores": g} for i, (c, _, g) in enumerate(TITLES)]
+    write_jsonl(folder / "gold.jsonl", gold_rows)
+    (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from tests.hpd_core.conftest import build_tokenizer, tiny_model
+
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = build_tokenizer()
+    tiny_model("llama", len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_gold_targets_first_key_and_nulls(data_dir):
+    data = gold.load_gold(gold.resolve_sources(data_dir))
+    by_id = {p.product.product_id: p for p in data.products}
+    assert by_id["p0"].values == ("Acme", "red", "10")  # first key of target_scores
+    assert by_id["p1"].values == ("Nike", "black", None)  # absent attribute: null
+    assert by_id["p2"].values == ("Acme", None)  # "n/a": null
+    assert [a.name for a in data.attributes["Food"]] == ["Brand", "Flavor"]
+    assert data.stats["rejected"] == {"unknown category": 1}
+    assert data.stats["products"] == 6
+
+
+def test_teacher_targets_from_extract_output(data_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i, (category, _, _) in enumerate(TITLES[:4]):
+        for name in ATTRIBUTES[category]:
+            rows.append({"product_id": f"p{i}", "category": category, "attribute": name,
+                         "value": None if name == "Size" else f"t{i}-{name}", "truncated": i == 3 and name == "Color"})
+    for category in ATTRIBUTES:
+        part = tmp_path / "run" / "attributes" / f"category={category}"
+        part.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([r for r in rows if r["category"] == category]), part / "part-0.parquet")
+    data = gold.load_teacher(gold.resolve_sources(data_dir / "records.jsonl"), str(tmp_path / "run"))
+    by_id = {p.product.product_id: p for p in data.products}
+    assert sorted(by_id) == ["p0", "p1", "p2"]  # p3 truncated, p4/p5 not answered
+    assert by_id["p0"].values == ("t0-Brand", "t0-Color", None)
+    assert by_id["p2"].values == ("t2-Brand", "t2-Flavor")
+    assert data.stats["skipped"] == {"teacher value truncated": 1, "no teacher values": 2}
+
+
+def test_split_is_seeded_and_disjoint():
+    items = list(range(20))
+    train, val = split(items, 0.25, seed=3)
+    assert len(val) == 5 and sorted(train + val) == items
+    assert split(items, 0.25, seed=3) == (train, val)
+    with pytest.raises(ValueError):
+        split(items, 1.0, seed=0)
+
+
+@pytest.mark.parametrize("decoder", ["hpd", "ar"])
+def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
+    from hpd_core.config import ModelConfig
+    from hpd_core.models import load_model
+
+    out = tmp_path / "adapter"
+    argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
+            "--decoder", decoder, "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4",
+            "--epochs", "2", "--val-fraction", "0.34", "--log-every", "1", "--lr", "1e-2"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["decoder"] == decoder and summary["steps"] >= 2
+    record = json.loads((out / CONFIG_FILE).read_text())
+    assert record["train_config"]["decoder"] == decoder
+    assert record["data"]["train_products"] == 4 and record["data"]["val_products"] == 2
+    assert len(record["report"]["val_losses"]) == 3  # before training and after each epoch
+    assert all(v is not None for v in record["report"]["val_losses"])
+    assert record["targets"] == "gold" and record["args"]["docs_per_prompt"] == 2
+    assert (out / "adapter_config.json").is_file()
+    model, _ = load_model(ModelConfig(name=str(model_dir), adapter=str(out)))
+    assert not any("lora" in name for name, _ in model.named_parameters())  # merged on load
+
+
+def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
+    out = tmp_path / "a"
+    base = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out), "--max-value-tokens", "8"]
+    assert main(base + ["--max-steps", "1", "--grad-accum", "1", "--lora-rank", "2"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 1
+    with pytest.raises(ValueError, match="docs_per_prompt"):
+        main(base + ["--docs-per-prompt", "0"])
+    with pytest.raises(ValueError, match="gold file"):
+        main(base + ["--gold", str(tmp_path / "missing.jsonl")])
