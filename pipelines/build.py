@@ -142,28 +142,29 @@ def _seed(manifests: tuple[str, ...], registry: IdRegistry, existing: bool, cpus
     return stats
 
 
-def _execute(state, shards, prepare, extract, output, sizing, resources, registry, skip_existing) -> tuple[Stats, Stats]:
-    """Seed the registry, stream the pipeline; (counters of earlier attempts, of this run)."""
-    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
-             len(shards), len(state.manifests), sizing.actors, sizing.device)
-    previous = _seed(state.manifests, registry, False, resources.io_cpus) if state.manifests else Stats()
+def _seed_registry(state: commit.ResumeState, registry: IdRegistry, skip_existing: str | None, cpus: float) -> Stats:
+    """Ids of chunks committed by earlier attempts (and of an earlier output); their counters."""
+    previous = _seed(state.manifests, registry, False, cpus) if state.manifests else Stats()
     if skip_existing:
         earlier = commit.scan(skip_existing)
         if not earlier.manifests:
             raise ValueError(f"--skip-existing {skip_existing}: no committed chunks there (not an hpd extract output?)")
-        _seed(earlier.manifests, registry, True, resources.io_cpus)
-    this_run, started = Stats(), time.time()
+        _seed(earlier.manifests, registry, True, cpus)
+    return previous
+
+
+def _stream(ds: ray.data.Dataset, progress_seconds: float) -> Stats:
+    """Drive the pipeline: sum each committed chunk's counters, log progress now and then."""
+    stats, started = Stats(), time.time()
     last_log = started
-    if shards:
-        ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
-        for row in ds.iter_rows():
-            this_run.add(json.loads(row["stats"]))
-            if time.time() - last_log >= resources.progress_seconds:
-                last_log = time.time()
-                log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", this_run.chunks,
-                         this_run.counts["products_out"], this_run.counts["rejected"],
-                         this_run.counts["products_out"] / (last_log - started))
-    return previous, this_run
+    for row in ds.iter_rows():
+        stats.add(json.loads(row["stats"]))
+        if time.time() - last_log >= progress_seconds:
+            last_log = time.time()
+            log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", stats.chunks,
+                     stats.counts["products_out"], stats.counts["rejected"],
+                     stats.counts["products_out"] / (last_log - started))
+    return stats
 
 
 def run_job(
@@ -187,9 +188,15 @@ def run_job(
     ]
     sizing = size_actors(ray.cluster_resources(), resources)
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
+             len(shards), len(state.manifests), sizing.actors, sizing.device)
     registry = IdRegistry(resources.registry_shards or nodes)
     try:
-        previous, this_run = _execute(state, shards, prepare, extract, output, sizing, resources, registry, skip_existing)
+        previous = _seed_registry(state, registry, skip_existing, resources.io_cpus)
+        this_run = Stats()
+        if shards:
+            ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
+            this_run = _stream(ds, resources.progress_seconds)
     finally:
         registry.shutdown()
     meta = {
