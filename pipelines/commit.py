@@ -36,7 +36,7 @@ ATTRIBUTES_SCHEMA = pa.schema(
         (PARTITION_COLUMN, pa.string()),
         ("attribute", pa.string()),
         ("value", pa.string()),
-        ("truncated", pa.bool_()),
+        ("truncated", pa.bool_()),  # the value hit K_max, or the product text was cut to max_text_chars
         ("decoder", pa.string()),
         ("model", pa.string()),
         ("run_id", pa.string()),

@@ -12,6 +12,7 @@ unsupported file) becomes a record with ``error`` set, never an exception.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -120,8 +121,7 @@ def plan_shards(config: ReadConfig) -> list[Shard]:
     for shard in shards:
         if remaining == 0:
             break
-        rows = sum(1 for _ in _raw_rows(shard, config.read_block_bytes))
-        take = min(rows, remaining)
+        take = sum(1 for _ in itertools.islice(_raw_rows(shard, config.read_block_bytes), remaining))
         if take:
             limited.append(replace(shard, max_rows=take))
         remaining -= take
