@@ -22,12 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://)")
     parser.add_argument("--decoder", choices=DECODER_CHOICES, default="hpd",
                         help="hpd (default), ar (baseline), reference (slow oracle), dry-run (no model)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="model weights and compute (default float32)")
     parser.add_argument("--docs-per-prompt", type=int, metavar="J", help="products of one category per prompt")
     parser.add_argument("--max-value-tokens", type=int, metavar="K", help="longest value in tokens (K_max)")
     parser.add_argument("--price-per-gpu-hour", type=float, metavar="USD", help="for the report's $ per 1k products")
     parser.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
-    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, a running local cluster, or a new one)")
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, a running local cluster, or a new one; "
+                        "'local' always starts a new one)")
     parser.add_argument("--skip-existing", metavar="OUTPUT_URI",
                         help="skip products already in this earlier output (attributes/ or rejected/)")
     parser.add_argument("--oversize", choices=("truncate", "reject"), help="records over --max-text-chars")
