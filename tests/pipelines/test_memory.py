@@ -16,8 +16,8 @@ import pytest
 
 from .helpers import REPO
 
-ROWS = 4000
-DESCRIPTION_CHARS = 4000  # 1x is ~16 MB of records, 10x ~160 MB
+ROWS = 8000
+DESCRIPTION_CHARS = 4000  # 1x is ~32 MB of records, 10x ~320 MB
 SAMPLE_SECONDS = 0.25
 CATEGORIES = {f"Category {i}": ["Brand", "Color", "Size"] for i in range(8)}
 
