@@ -65,8 +65,8 @@ def from_args(args: argparse.Namespace) -> JobConfig:
     skip_existing = _normalise(args.skip_existing) if args.skip_existing else None
     if _nested(output_uri, input_uri) or _nested(input_uri, output_uri):
         raise ValueError(f"--output {output_uri} and --input {input_uri} must not contain one another")
-    if skip_existing is not None and _nested(output_uri, skip_existing):
-        raise ValueError("--skip-existing must name an earlier output, not this one")
+    if skip_existing is not None and _nested(skip_existing, output_uri):
+        raise ValueError("--skip-existing must name earlier outputs (or a prefix holding them), not this run's output")
     schema = load_schema(args.attributes)
     read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows))
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))

@@ -142,14 +142,18 @@ def _seed(manifests: tuple[str, ...], registry: IdRegistry, existing: bool, cpus
     return stats
 
 
-def _seed_registry(state: commit.ResumeState, registry: IdRegistry, skip_existing: str | None, cpus: float) -> Stats:
-    """Ids of chunks committed by earlier attempts (and of an earlier output); their counters."""
+def _seed_registry(
+    state: commit.ResumeState, registry: IdRegistry, skip_existing: str | None, output_uri: str, cpus: float
+) -> Stats:
+    """Ids of chunks committed by earlier attempts (and of earlier outputs); their counters."""
     previous = _seed(state.manifests, registry, False, cpus) if state.manifests else Stats()
     if skip_existing:
-        earlier = commit.scan(skip_existing)
-        if not earlier.manifests:
-            raise ValueError(f"--skip-existing {skip_existing}: no committed chunks there (not an hpd extract output?)")
-        _seed(earlier.manifests, registry, True, cpus)
+        earlier = commit.earlier_manifests(skip_existing, exclude=output_uri)
+        if earlier:
+            log.info("--skip-existing: %d committed chunks of earlier outputs under %s", len(earlier), skip_existing)
+            _seed(earlier, registry, True, cpus)
+        else:  # e.g. the first nightly run: nothing done yet
+            log.warning("--skip-existing %s: no earlier output there; nothing to skip", skip_existing)
     return previous
 
 
@@ -192,7 +196,7 @@ def run_job(
              len(shards), len(state.manifests), sizing.actors, sizing.device)
     registry = IdRegistry(resources.registry_shards or nodes)
     try:
-        previous = _seed_registry(state, registry, skip_existing, resources.io_cpus)
+        previous = _seed_registry(state, registry, skip_existing, output.uri, resources.io_cpus)
         this_run = Stats()
         if shards:
             ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)

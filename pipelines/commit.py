@@ -125,6 +125,20 @@ def scan(output: str) -> ResumeState:
     return ResumeState({s: frozenset(i) for s, i in done.items()}, totals, tuple(manifests))
 
 
+def earlier_manifests(prefix: str, exclude: str) -> tuple[str, ...]:
+    """Commit manifests of every output under ``prefix``: one earlier output, or a prefix holding
+    many (e.g. ``dt=<date>/`` per nightly run). Those of ``exclude`` (this run's own output, which
+    resume covers) are left out, so this run's output may live under the prefix."""
+    own = exclude.rstrip("/")
+    manifests = []
+    for uri in io.list_files(prefix):
+        if _COMMIT_NAME.search(uri):
+            root = uri[: uri.rindex("/_commits/")]
+            if root != own and not root.startswith(own + "/"):
+                manifests.append(uri)
+    return tuple(manifests)
+
+
 def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     """Writer stage: write each chunk's files, then its manifest; return its counters."""
     summaries = []
