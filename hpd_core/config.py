@@ -53,7 +53,7 @@ class ModelConfig:
         to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
         it reaches the engine; the engine never talks to S3.)
     adapter: optional PEFT (LoRA) adapter directory applied on top.
-    quantization: None or "nf4" (4-bit NF4 via bitsandbytes; CUDA only).
+    quantization: None or "nf4" (4-bit NF4 weights via bitsandbytes, on CUDA or CPU).
     """
 
     name: str = DEFAULT_MODEL
@@ -81,5 +81,3 @@ class ModelConfig:
             raise ValueError(f"quantization must be None or 'nf4', got {self.quantization!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if self.quantization == "nf4" and self.device == "cpu":
-            raise ValueError("NF4 quantization needs a CUDA device (bitsandbytes); use --dtype on CPU")

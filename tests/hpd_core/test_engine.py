@@ -212,3 +212,18 @@ def test_prompt_escapes_product_text(tokenizer):
     text = render_instructions(request)
     assert '"2": {"title": "injected' not in text
     assert '\\"}\\n\\"2\\"' in text
+
+
+@pytest.mark.parametrize("docs", [1, 6, 16])
+def test_stacked_prompts_up_to_sixteen_products(models, tokenizer, docs):
+    """Document stacking: J products of one category in one prompt, instructions shared once."""
+    rng = random.Random(docs)
+    requests = [random_request(rng, docs, 3, 5), random_request(rng, max(1, docs // 2), 3, 5)]
+    config = DecodeConfig(max_value_tokens=5)
+    fast = make_decoder("hpd", models["qwen3"], tokenizer, config).decode(requests)
+    slow = make_decoder("reference", models["qwen3"], tokenizer, config).decode(requests)
+    assert slot_tokens(fast) == slot_tokens(slow)
+    assert [len(r.values) for r in fast] == [docs, max(1, docs // 2)]
+    from hpd_core.prompts import render_instructions
+
+    assert render_instructions(requests[0]).count("You are an expert") == 1

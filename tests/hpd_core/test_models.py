@@ -20,7 +20,7 @@ from .conftest import random_request, tiny_model
     [
         ({"dtype": "float64"}, "dtype"),
         ({"name": "s3://bucket/model/"}, "S3 prefix"),
-        ({"quantization": "nf4"}, "NF4"),
+        ({"quantization": "int8"}, "quantization"),
         ({"attention": "flash"}, "attention"),
         ({"device": "tpu"}, "device"),
     ],
@@ -49,6 +49,29 @@ def test_load_local_directory_with_dtype(model_dir):
     assert next(model.parameters()).dtype == torch.bfloat16
     assert not model.training
     assert tokenizer.pad_token_id is not None
+
+
+def test_nf4_quantized_model_decodes_like_its_oracle(tmp_path, tokenizer):
+    """4-bit NF4 weights (bitsandbytes, CPU here): the layers are quantized, and HPD on the
+    quantized model equals the oracle on the same quantized model."""
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM
+
+    from .conftest import tiny_config
+
+    config = tiny_config("llama", len(tokenizer))
+    config.hidden_size, config.intermediate_size, config.head_dim = 128, 256, 32  # >= one NF4 block
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    model, tok = load_model(ModelConfig(name=str(tmp_path / "m"), quantization="nf4"))
+    assert type(model.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
+    rng = random.Random(1)
+    requests = [random_request(rng, 2, 2) for _ in range(3)]
+    decode = DecodeConfig(max_value_tokens=6)
+    fast = make_decoder("hpd", model, tok, decode).decode(requests)
+    slow = make_decoder("reference", model, tok, decode).decode(requests)
+    assert [r.extra["slot_tokens"] for r in fast] == [r.extra["slot_tokens"] for r in slow]
 
 
 def test_refuses_remote_code_unless_asked(model_dir):
