@@ -1,0 +1,262 @@
+"""`hpd bench` and its workloads, on a tiny random model and the hermetic test tokenizer (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hpd_core.config import DecodeConfig
+from hpd_core.decoders import make_decoder
+from hpd_core.layout import encode
+from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
+from hpd_core.types import Attribute, Product, Request
+from jobs import bench, cli
+from jobs.workload import SyntheticSpec, records_workload, stack, synthetic_workload
+from tests.hpd_core.conftest import build_tokenizer, tiny_model
+
+# A few OA-Mine test records (OA-Mine, Apache-2.0), as `hpd convert extractgpt` writes them.
+RECORDS = [
+    {"product_id": "oa-mine-test-00000", "category": "Shoes", "title": "Diesel Men's Exposure High-Top Sneaker"},
+    {"product_id": "oa-mine-test-00001", "category": "Shoes", "title": "Florsheim Men's Milano Slip-On Loafer,Burgundy,10 D US"},
+    {"product_id": "oa-mine-test-00098", "category": "Coffee", "title": "Maxwell House International Coffee French Vanilla Iced Latte Singles, 3.42-Ounce 2 Boxes (Pack of 16)"},
+    {"product_id": "oa-mine-test-00002", "category": "Shoes", "title": "Finn Comfort Women's 2051-014099"},
+    {"product_id": "oa-mine-test-00099", "category": "Coffee", "title": "Starbucks Blonde Roast Ground Coffee \u2014 Veranda Blend \u2014 100% Arabica \u2014 6 bags (12 oz. each)"},
+]  # fmt: skip
+SCHEMA = {"Shoes": ["Brand", "Gender", "Model name"], "Coffee": ["Brand", "Flavor", "Item form"]}
+SMALL = ["--product-tokens", "40", "--attributes-per-product", "3", "--value-tokens-max", "5", "--max-value-tokens", "6"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tokenizer")
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    path = tmp_path_factory.mktemp("records")
+    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    (path / "attributes.json").write_text(json.dumps(SCHEMA))
+    return str(path / "records.jsonl"), str(path / "attributes.json")
+
+
+def run_bench(capsys, argv: list[str]) -> dict:
+    assert cli.main(["bench", *argv]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    return json.loads(last)
+
+
+# --- workloads -------------------------------------------------------------------------------
+
+
+def test_stack_keeps_one_category_per_request_and_order():
+    products = [(r["category"], Product(r["product_id"], r["title"])) for r in RECORDS]
+    requests = stack(products, SCHEMA, docs_per_prompt=2)
+    assert [r.category for r in requests] == ["Shoes", "Shoes", "Coffee"]
+    assert [[p.product_id for p in r.products] for r in requests] == [
+        ["oa-mine-test-00000", "oa-mine-test-00001"], ["oa-mine-test-00002"], ["oa-mine-test-00098", "oa-mine-test-00099"]
+    ]  # fmt: skip
+    assert [a.name for a in requests[2].attributes] == SCHEMA["Coffee"]
+
+
+def test_records_workload_limit_and_missing_category(records, tmp_path):
+    workload = records_workload(*records, docs_per_prompt=3, limit=4)
+    assert workload.num_products == 4 and not workload.fixed_lengths
+    sample = records_workload(*records, docs_per_prompt=3, per_category=1)
+    assert [p.product_id for r in sample.requests for p in r.products] == ["oa-mine-test-00000", "oa-mine-test-00098"]
+    schema = tmp_path / "attributes.json"
+    schema.write_text(json.dumps({"Shoes": ["Brand"]}))
+    with pytest.raises(ValueError, match="Coffee"):
+        records_workload(records[0], str(schema), docs_per_prompt=1)
+
+
+def test_synthetic_workload_is_the_same_products_and_lengths_for_every_J(tokenizer):
+    spec = SyntheticSpec(num_products=5, product_tokens=30, attributes_per_product=3, value_tokens_max=6, seed=3)
+    one = synthetic_workload(spec, tokenizer, max_value_tokens=6)
+    three = synthetic_workload(SyntheticSpec(**{**spec.__dict__, "docs_per_prompt": 3}), tokenizer, max_value_tokens=6)
+    assert [len(r.products) for r in three.requests] == [3, 2]
+    assert [p for r in one.requests for p in r.products] == [p for r in three.requests for p in r.products]
+    assert [s for slots in one.forced for s in slots] == [s for slots in three.forced for s in slots]
+    lengths = [len(s) for slots in one.forced for s in slots]
+    assert min(lengths) >= 1 and max(lengths) <= 6 and len(lengths) == 15
+    product = one.requests[0].products[0]
+    assert 27 <= len(encode(tokenizer, product.title)) + len(encode(tokenizer, product.description)) <= 36
+
+
+def test_synthetic_geometric_lengths_and_validation(tokenizer):
+    spec = SyntheticSpec(num_products=40, product_tokens=10, attributes_per_product=4, value_tokens_max=30,
+                         value_length_dist="geometric", value_length_mean=3.0)  # fmt: skip
+    lengths = [len(s) for slots in synthetic_workload(spec, tokenizer, 30).forced for s in slots]
+    assert 2.0 < sum(lengths) / len(lengths) < 4.5 and max(lengths) <= 30
+    with pytest.raises(ValueError, match="max_value_tokens"):
+        synthetic_workload(spec, tokenizer, max_value_tokens=10)
+    with pytest.raises(ValueError, match="value_length_dist"):
+        SyntheticSpec(value_length_dist="zipf")
+
+
+def test_baseline_count_matches_the_rendered_answer(tokenizer):
+    """The formula (skeleton as HPD tokenizes it + value tokens + closing) against tokenizing the
+    whole gold answer, for real string values: equal up to token merges at segment borders."""
+    request = Request(
+        "Shoes",
+        (Attribute("Brand"), Attribute("Size"), Attribute("Color")),
+        (Product("a", "acme red shoe"), Product("b", "nike blue sneaker")),
+    )
+    values = [["acme", "10 D US", None], ["nike", None, "black/white"]]
+    from hpd_core.layout import build_layout
+    from jobs.workload import answer_tokens
+
+    lengths = [
+        len(encode(tokenizer, render_value(values[s // 3][s % 3], value_suffix(request, s)))) for s in range(6)
+    ]
+    formula = answer_tokens(tokenizer, request, len(build_layout(request, tokenizer, 8).input_ids), lengths)
+    rendered = render_answer(request, values)
+    assert rendered.startswith(answer_prefix())
+    truth = len(encode(tokenizer, rendered)) - len(encode(tokenizer, answer_prefix()))
+    assert abs(formula - truth) <= 3, (formula, truth)
+
+
+def test_forced_lengths_are_exact_for_both_decoders(tokenizer):
+    """HPD generates exactly the drawn lengths (and the forced ids), the baseline exactly the
+    answer's token count; every forced slot ends by the engine's own stop rule."""
+    cfg = DecodeConfig(max_value_tokens=6, max_batch_size=2)
+    spec = SyntheticSpec(num_products=3, product_tokens=20, attributes_per_product=3, value_tokens_max=6, docs_per_prompt=2)
+    workload = synthetic_workload(spec, tokenizer, cfg.max_value_tokens)
+    model = tiny_model("qwen3", len(tokenizer))
+    hpd = bench.forced_hpd_class()(model, tokenizer, cfg)
+    ar = make_decoder("ar", model, tokenizer, cfg)
+    hpd_results = bench.decode("hpd", hpd, workload)
+    ar_results = bench.decode("ar", ar, workload)
+    for result, slots, exact in zip(hpd_results, workload.forced, workload.exact_new_tokens):
+        assert result.generated_tokens == sum(len(s) for s in slots)
+        assert result.extra["slot_tokens"] == [list(s) for s in slots]
+        assert "step_logits" not in result.extra  # nothing recorded
+        assert not any(v.truncated for row in result.values for v in row)
+    assert [r.generated_tokens for r in ar_results] == list(workload.exact_new_tokens)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_bench_synthetic_end_to_end(capsys, tmp_path, tokenizer_dir):
+    out = tmp_path / "out"
+    summary = run_bench(capsys, [
+        "--synthetic", "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--num-products", "4",
+        "--docs-per-prompt", "2", *SMALL, "--batch-size", "2", "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads((out / "bench.json").read_text())
+    assert (out / "bench.md").read_text().startswith("# hpd bench")
+    assert summary["speedup"] == pytest.approx(summary["hpd"]["products_per_s"] / summary["ar"]["products_per_s"])
+    assert report["speedup"] == pytest.approx(summary["speedup"])
+    for name in ("ar", "hpd"):
+        s = report[name]
+        for key in ("products_per_s", "generated_tokens_per_s", "forward_passes_per_product",
+                    "generated_tokens_per_forward_pass", "peak_host_rss_mb", "peak_device_mb", "prompt_tokens_per_product"):  # fmt: skip
+            assert key in s
+        assert s["products"] == 4 and not s["errors"]
+        assert s["products_per_s"] == pytest.approx(s["products"] / s["seconds"])
+        assert report["prefill_limit"][name]["limit_products_per_s"] > 0
+    spec = SyntheticSpec(num_products=4, product_tokens=40, attributes_per_product=3, value_tokens_max=5, docs_per_prompt=2)
+    workload = synthetic_workload(spec, build_tokenizer(), 6)
+    assert report["hpd"]["generated_tokens"] == sum(len(s) for slots in workload.forced for s in slots)
+    assert report["ar"]["generated_tokens"] == sum(workload.exact_new_tokens)
+    # HPD: one prefill + (longest value - 1) steps per batch; AR: one pass per answer token
+    assert report["hpd"]["batches"] == 1 and report["ar"]["batches"] == 1
+    assert report["ar"]["forward_passes"] == max(workload.exact_new_tokens)
+    assert report["hpd"]["forward_passes"] == max(len(s) for slots in workload.forced for s in slots)
+    assert report["model"]["random_weights"] and report["workload"]["fixed_lengths"]
+
+
+def test_bench_records_end_to_end(capsys, tmp_path, tokenizer_dir, records):
+    out = tmp_path / "out"
+    summary = run_bench(capsys, [
+        "--records", records[0], "--attributes", records[1], "--limit", "4", "--docs-per-prompt", "2",
+        "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3", "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads((out / "bench.json").read_text())
+    assert set(summary) == {"ar", "hpd", "speedup", "speedup_cpu_time"}
+    assert report["ar"]["products"] == report["hpd"]["products"] == 4
+    assert report["hpd"]["requests"] == 3  # Shoes x2, Shoes x1 ... within the limit: 00000, 00001 | 00098 | 00002
+    assert 0.0 <= report["agreement"] <= 1.0
+    assert not report["workload"]["fixed_lengths"]
+
+
+def test_bench_records_matched_baseline(capsys, tmp_path, tokenizer_dir, records):
+    """--baseline-lengths matched: the baseline generates exactly the answer with HPD's value lengths."""
+    out = tmp_path / "out"
+    run_bench(capsys, [
+        "--records", records[0], "--attributes", records[1], "--docs-per-prompt", "2", "--baseline-docs-per-prompt", "1",
+        "--baseline-lengths", "matched", "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3",
+        "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads((out / "bench.json").read_text())
+    assert report["ar"]["requests"] == 5 and report["hpd"]["requests"] == 3
+    assert report["ar"]["generated_tokens"] == pytest.approx(5 * report["workload"]["answer_tokens_mean_per_product"])
+    assert "agreement" not in report or report["agreement"] is None
+    assert "HPD's value lengths" in (out / "bench.md").read_text()
+
+
+def test_bench_baseline_docs_per_prompt(capsys, tmp_path, tokenizer_dir):
+    out = tmp_path / "out"
+    run_bench(capsys, [
+        "--synthetic", "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--num-products", "4",
+        "--docs-per-prompt", "4", "--baseline-docs-per-prompt", "1", *SMALL, "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads((out / "bench.json").read_text())
+    assert report["ar"]["requests"] == 4 and report["hpd"]["requests"] == 1
+    assert report["baseline_docs_per_prompt"] == 1
+
+
+def test_bench_sweep_writes_png(capsys, tmp_path, tokenizer_dir):
+    out = tmp_path / "sweep"
+    summary = run_bench(capsys, [
+        "--synthetic", "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--num-products", "4", *SMALL,
+        "--sweep-docs", "1,2", "--sweep-batch", "1,2", "--out", str(out),
+    ])  # fmt: skip
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "sweep.json").read_text())
+    assert {(g["docs_per_prompt"], g["batch_size"]) for g in report["grid"]} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    best = max(s["products_per_s"] for s in report["baseline"].values())
+    for g in report["grid"]:
+        assert g["speedup"] == pytest.approx(g["hpd_products_per_s"] / best)
+        assert g["hpd"]["mean_batch_rows"] <= g["batch_size"]
+    assert summary["ar"]["products_per_s"] == pytest.approx(best)
+    assert "J \\ batch size" in (out / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--out", "x"], "exactly one input"),
+        (["--synthetic", "--records", "r.jsonl", "--out", "x"], "exactly one input"),
+        (["--records", "r.jsonl", "--out", "x"], "--attributes"),
+        (["--synthetic", "--sweep-docs", "1,2", "--out", "x"], "both --sweep-docs and --sweep-batch"),
+        (["--synthetic", "--docs-per-prompt", "0", "--out", "x"], "--docs-per-prompt"),
+        (["--synthetic", "--baseline-lengths", "matched", "--out", "x"], "matched"),
+    ],
+)
+def test_bench_argument_errors(argv, message):
+    parser, _ = cli.build_parser()
+    with pytest.raises(ValueError, match=message):
+        bench.check_args(parser.parse_args(["bench", *argv]))
+
+
+def test_random_arch_table_matches_published_sizes(tokenizer):
+    """Parameter counts of the config-only architectures (meta device: nothing allocated)."""
+    from transformers import AutoModelForCausalLM
+
+    published = {"qwen3-8b": 8.19e9, "qwen3-4b": 4.02e9, "qwen3-1.7b": 1.72e9, "phi-4": 14.66e9, "smollm2-135m": 134.5e6}
+    for arch, size in published.items():
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(bench.arch_config(arch, tokenizer))
+        assert sum(p.numel() for p in model.parameters()) == pytest.approx(size, rel=0.01), arch
+    with pytest.raises(ValueError, match="random arch"):
+        bench.arch_config("gpt-5", tokenizer)
