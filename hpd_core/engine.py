@@ -77,16 +77,20 @@ class HPDDecoder:
     def layouts(self, requests: list[Request]) -> list[Layout]:
         return [build_layout(r, self.tokenizer, self.config.max_value_tokens) for r in requests]
 
-    def decode(self, requests: list[Request]) -> list[Result]:
-        layouts = self.layouts(requests)
-        results: list[Result | None] = [None] * len(requests)
-        batches = plan_batches(
+    def batch_plan(self, layouts: list[Layout]) -> list[list[int]]:
+        """Indices of ``layouts`` grouped into the batches ``decode`` runs (batching.plan_batches)."""
+        return plan_batches(
             [len(lay.input_ids) for lay in layouts],
             [lay.num_slots for lay in layouts],
             self.config.max_value_tokens,
             self.config.batch_token_budget,
             self.config.max_batch_size,
         )
+
+    def decode(self, requests: list[Request]) -> list[Result]:
+        layouts = self.layouts(requests)
+        results: list[Result | None] = [None] * len(requests)
+        batches = self.batch_plan(layouts)
         generator = make_generator(self.config, self.runner.device)
 
         def run(indices: list[int]) -> list[tuple[int, Result]]:

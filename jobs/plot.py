@@ -44,6 +44,18 @@ def _metric_rows(columns: dict[str, dict], forced: bool = False) -> list[str]:
     return lines
 
 
+def _adapters(model: dict) -> str:
+    """The model line's LoRA part: one adapter for both decoders, or each decoder's own."""
+    hpd, baseline = model.get("adapter"), model.get("baseline_adapter")
+    if hpd == baseline:
+        return f"; LoRA adapter `{hpd}` merged, for both decoders" if hpd else ""
+    own = f"HPD with LoRA adapter `{hpd}`" if hpd else "HPD without --adapter"
+    return (
+        f"; {own}, the baseline with `{baseline}`: the base loaded twice, each copy with its adapter "
+        "merged (same architecture and compute per token, so the comparison stays fair)"
+    )
+
+
 def _header(report: dict, title: str) -> list[str]:
     machine, model = report["machine"], report["model"]
     hardware = machine.get("gpu") or f"CPU only: {machine['cpu']}, {machine['cpu_count']} cores"
@@ -55,7 +67,8 @@ def _header(report: dict, title: str) -> list[str]:
         f"- machine: {hardware}; torch {machine['torch']} ({machine['torch_threads']} threads), transformers {machine['transformers']}"
         + (f"; load average at start {load[0]:.2f}" if load else ""),
         f"- model: {model['name']} ({model['architecture']}, {model['parameters'] / 1e6:.1f}M parameters"
-        f"{', random weights' if model['random_weights'] else ''}), {model['dtype']} on {model['device']}, attention {model['attention']}",
+        f"{', random weights' if model['random_weights'] else ''}), {model['dtype']} on {model['device']}, attention {model['attention']}"
+        + _adapters(model),
         f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {report['decode']['batch_token_budget']}, "
         f"max batch size {report['decode']['max_batch_size']}; timing: {report['timing']['warmup_requests']} warm-up request(s), "
         f"{report['timing']['repeats']} repeat(s), median",

@@ -13,6 +13,8 @@ from hpd_core.layout import encode
 from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
 from hpd_core.types import Attribute, Product, Request
 from jobs import bench, cli
+from jobs.bench_decoders import decode, forced_hpd_class
+from jobs.bench_model import arch_config
 from jobs.workload import SyntheticSpec, records_workload, stack, synthetic_workload
 from tests.hpd_core.conftest import build_tokenizer, tiny_model
 
@@ -131,10 +133,10 @@ def test_forced_lengths_are_exact_for_both_decoders(tokenizer):
     spec = SyntheticSpec(num_products=3, product_tokens=20, attributes_per_product=3, value_tokens_max=6, docs_per_prompt=2)
     workload = synthetic_workload(spec, tokenizer, cfg.max_value_tokens)
     model = tiny_model("qwen3", len(tokenizer))
-    hpd = bench.forced_hpd_class()(model, tokenizer, cfg)
+    hpd = forced_hpd_class()(model, tokenizer, cfg)
     ar = make_decoder("ar", model, tokenizer, cfg)
-    hpd_results = bench.decode("hpd", hpd, workload)
-    ar_results = bench.decode("ar", ar, workload)
+    hpd_results = decode("hpd", hpd, workload)
+    ar_results = decode("ar", ar, workload)
     for result, slots, exact in zip(hpd_results, workload.forced, workload.exact_new_tokens):
         assert result.generated_tokens == sum(len(s) for s in slots)
         assert result.extra["slot_tokens"] == [list(s) for s in slots]
@@ -232,6 +234,76 @@ def test_bench_sweep_writes_png(capsys, tmp_path, tokenizer_dir):
     assert "J \\ batch size" in (out / "sweep.md").read_text()
 
 
+@pytest.fixture(scope="module")
+def lora_model(tmp_path_factory, tokenizer):
+    """A tiny model directory (with tokenizer) and two different LoRA adapters for it (peft)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("lora")
+    tiny_model("qwen3", len(tokenizer)).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    for seed, name in enumerate(("adapter-hpd", "adapter-ar")):
+        torch.manual_seed(seed)
+        base = AutoModelForCausalLM.from_pretrained(root / "model")
+        lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        get_peft_model(base, lora).save_pretrained(root / name)
+    return str(root / "model"), str(root / "adapter-hpd"), str(root / "adapter-ar")
+
+
+def _spy_decoders(monkeypatch) -> list[dict]:
+    """Every decoders dict the bench makes, in order."""
+    made: list[dict] = []
+    real = bench.make_decoders
+
+    def spy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(bench, "make_decoders", spy)
+    return made
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("own_baseline", [True, False], ids=["two-adapters", "one-adapter"])
+def test_bench_adapters(capsys, tmp_path, monkeypatch, lora_model, own_baseline):
+    """--adapter for HPD, --baseline-adapter for the baseline: each decoder runs on the base with
+    its own adapter merged (two models), or both share one model when the adapters are the same;
+    each decoder's passes are counted once on its own model."""
+    from hpd_core.config import ModelConfig
+    from hpd_core.models import load_model
+
+    model_dir, hpd_adapter, ar_adapter = lora_model
+    ar_adapter = ar_adapter if own_baseline else hpd_adapter
+    made = _spy_decoders(monkeypatch)
+    out = tmp_path / "out"
+    run_bench(capsys, [
+        "--synthetic", "--model", model_dir, "--adapter", hpd_adapter,
+        *(["--baseline-adapter", ar_adapter] if own_baseline else []),
+        "--num-products", "4", "--docs-per-prompt", "2", *SMALL, "--batch-size", "2", "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads((out / "bench.json").read_text())
+    assert (report["model"]["adapter"], report["model"]["baseline_adapter"]) == (hpd_adapter, ar_adapter)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    (decoders,) = made
+    hpd_model, ar_model = decoders["hpd"].runner.model, decoders["ar"].model
+    expected = {a: _logits(load_model(ModelConfig(name=model_dir, adapter=a))[0], ids) for a in (hpd_adapter, ar_adapter)}
+    torch.testing.assert_close(_logits(hpd_model, ids), expected[hpd_adapter], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_logits(ar_model, ids), expected[ar_adapter], atol=1e-4, rtol=1e-4)
+    assert (hpd_model is ar_model) == (not own_baseline)
+    if own_baseline:
+        assert not torch.allclose(expected[hpd_adapter], expected[ar_adapter], atol=1e-3)
+        assert f"HPD with LoRA adapter `{hpd_adapter}`, the baseline with `{ar_adapter}`" in (out / "bench.md").read_text()
+    spec = SyntheticSpec(num_products=4, product_tokens=40, attributes_per_product=3, value_tokens_max=5, docs_per_prompt=2)
+    workload = synthetic_workload(spec, build_tokenizer(), 6)
+    assert report["ar"]["forward_passes"] == max(workload.exact_new_tokens)
+    assert report["hpd"]["forward_passes"] == max(len(s) for slots in workload.forced for s in slots)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -241,6 +313,8 @@ def test_bench_sweep_writes_png(capsys, tmp_path, tokenizer_dir):
         (["--synthetic", "--sweep-docs", "1,2", "--out", "x"], "both --sweep-docs and --sweep-batch"),
         (["--synthetic", "--docs-per-prompt", "0", "--out", "x"], "--docs-per-prompt"),
         (["--synthetic", "--baseline-lengths", "matched", "--out", "x"], "matched"),
+        (["--synthetic", "--random-arch", "tiny", "--adapter", "a", "--out", "x"], "--adapter and --baseline-adapter"),
+        (["--synthetic", "--random-arch", "tiny", "--baseline-adapter", "a", "--out", "x"], "need a real model"),
     ],
 )
 def test_bench_argument_errors(argv, message):
@@ -256,7 +330,7 @@ def test_random_arch_table_matches_published_sizes(tokenizer):
     published = {"qwen3-8b": 8.19e9, "qwen3-4b": 4.02e9, "qwen3-1.7b": 1.72e9, "phi-4": 14.66e9, "smollm2-135m": 134.5e6}
     for arch, size in published.items():
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(bench.arch_config(arch, tokenizer))
+            model = AutoModelForCausalLM.from_config(arch_config(arch, tokenizer))
         assert sum(p.numel() for p in model.parameters()) == pytest.approx(size, rel=0.01), arch
     with pytest.raises(ValueError, match="random arch"):
-        bench.arch_config("gpt-5", tokenizer)
+        arch_config("gpt-5", tokenizer)

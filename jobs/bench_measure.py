@@ -1,0 +1,163 @@
+"""`hpd bench` measurement of one decoder run: wall and CPU time, forward passes, peak memory; and
+the measured matmul speed that the prefill compute limit is computed from.
+
+Forward passes are counted by a hook on the transformer body, so both decoders are counted by the
+same code. Peak device memory is reset before each run; peak host memory is the process RSS
+sampled during the run (it includes the model weights).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from jobs.bench_decoders import decode
+from jobs.workload import Workload
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How each decoder is timed."""
+
+    warmup_requests: int = 1
+    repeats: int = 1
+    memory_sample_s: float = 0.01  # host RSS sampling interval
+    matmul_size: int = 0  # prefill compute limit: square matmul size; 0 = 8192 on CUDA, 1024 on CPU
+
+    def __post_init__(self) -> None:
+        if self.warmup_requests < 0:
+            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.matmul_size < 0:
+            raise ValueError(f"matmul_size must be >= 0, got {self.matmul_size}")
+
+
+class PassCounter:
+    """Counts calls of the transformer body (one per forward pass), prefills, and rows fed."""
+
+    def __init__(self, body):
+        self.handle = body.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls = self.prefills = self.prefill_rows = self.tokens_fed = 0
+
+    def _hook(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("past_key_values")
+        self.calls += 1
+        if ids is not None:
+            self.tokens_fed += ids.numel()
+        if cache is None or cache.get_seq_length() == 0:
+            self.prefills += 1
+            self.prefill_rows += ids.shape[0] if ids is not None else 0
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+@contextmanager
+def pass_counters(models: dict) -> Iterator[dict[str, PassCounter]]:
+    """{decoder name: counter}: one counter per distinct model (decoders sharing a model share its
+    counter, so no pass is counted twice); the hooks are removed on exit."""
+    distinct = {id(model): model for model in models.values()}
+    by_model = {key: PassCounter(model.get_decoder()) for key, model in distinct.items()}
+    try:
+        yield {name: by_model[id(model)] for name, model in models.items()}
+    finally:
+        for counter in by_model.values():
+            counter.close()
+
+
+class PeakRSS:
+    """Peak resident memory of this process while the block runs (sampled in a thread)."""
+
+    def __init__(self, interval_s: float):
+        import psutil
+
+        self.process = psutil.Process()
+        self.interval_s = interval_s
+        self.peak = 0
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __enter__(self):
+        self.peak = self.process.memory_info().rss
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def timed(name: str, decoder, workload: Workload, device: str, counter: PassCounter, timing: TimingConfig) -> dict:
+    """One full decode: wall seconds, process CPU seconds (all threads; less sensitive than wall
+    time to other processes on a shared machine), results, pass counts, peak host/device bytes."""
+    import torch
+
+    _free(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    counter.reset()
+    with PeakRSS(timing.memory_sample_s) as rss:
+        _sync(device)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        results = decode(name, decoder, workload)
+        _sync(device)
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "results": results,
+        "counts": dict(calls=counter.calls, prefills=counter.prefills, prefill_rows=counter.prefill_rows, tokens_fed=counter.tokens_fed),
+        "host_peak": rss.peak,
+        "device_peak": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
+    }
+
+
+def matmul_flops(device: str, dtype: str, size: int) -> float:
+    """Measured dense matmul throughput (FLOP/s) at the run's dtype and device."""
+    import torch
+
+    from hpd_core.models import torch_dtype
+
+    n = size or (8192 if device.startswith("cuda") else 1024)
+    a = torch.randn(n, n, device=device, dtype=torch_dtype(dtype))
+    b = torch.randn(n, n, device=device, dtype=torch_dtype(dtype))
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    iters, start = 0, time.perf_counter()
+    while iters < 5 or time.perf_counter() - start < 1.0:
+        a @ b
+        iters += 1
+        if iters % 5 == 0:
+            _sync(device)
+    _sync(device)
+    return 2 * n**3 * iters / (time.perf_counter() - start)
