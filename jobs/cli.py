@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help)
@@ -43,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(modules[args.command].run(args) or 0)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except (OSError, ValueError) as err:  # bad paths, bad input, bad settings: say what, not where
+        if os.environ.get("HPD_TRACEBACK"):
+            raise
+        print(f"hpd {args.command}: error: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.storage import read_jsonl
+
 FORMATS = ("extractgpt",)
 RECORDS_FILE = "records.jsonl"
 ATTRIBUTES_FILE = "attributes.json"
@@ -34,12 +36,15 @@ class ConvertConfig:
     out_dir: Path
     dataset: str
     split: str
+    per_category: int | None = None  # keep only the first N products of each category (same ids)
 
     def __post_init__(self) -> None:
         for name in ("dataset", "split"):
             value = getattr(self, name)
             if not value or any(ch.isspace() for ch in value):
                 raise ValueError(f"{name} must be a non-empty name without whitespace, got {value!r} (set --{name})")
+        if self.per_category is not None and self.per_category < 1:
+            raise ValueError(f"per_category must be >= 1, got {self.per_category}")
 
 
 @dataclass(frozen=True)
@@ -76,29 +81,20 @@ def read_extractgpt(source: Path, dataset: str, split: str) -> Converted:
     records: list[dict] = []
     gold: list[dict] = []
     attributes: dict[str, list[str]] = {}
-    with open(source, encoding="utf-8") as handle:
-        for index, line in enumerate(handle):
-            if not line.strip():
-                continue
-            where = f"{source} line {index + 1}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from err
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for key in ("input", "category"):
-                if not isinstance(row.get(key), str) or not row[key].strip():
-                    raise ValueError(f"{where}: '{key}' must be a non-empty string, got {row.get(key)!r}")
-            if "target_scores" not in row:
-                raise ValueError(f"{where}: missing 'target_scores'")
-            target_scores = validate_target_scores(row["target_scores"], where)
-            product_id = f"{dataset}-{split}-{index:05d}"
-            category = row["category"]
-            records.append({"product_id": product_id, "category": category, "title": row["input"]})
-            gold.append({"product_id": product_id, "category": category, "target_scores": target_scores})
-            names = attributes.setdefault(category, [])
-            names.extend(name for name in target_scores if name not in names)
+    for number, row in read_jsonl(source):
+        where = f"{source} line {number}"
+        for key in ("input", "category"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise ValueError(f"{where}: '{key}' must be a non-empty string, got {row.get(key)!r}")
+        if "target_scores" not in row:
+            raise ValueError(f"{where}: missing 'target_scores'")
+        target_scores = validate_target_scores(row["target_scores"], where)
+        product_id = f"{dataset}-{split}-{number - 1:05d}"
+        category = row["category"]
+        records.append({"product_id": product_id, "category": category, "title": row["input"]})
+        gold.append({"product_id": product_id, "category": category, "target_scores": target_scores})
+        names = attributes.setdefault(category, [])
+        names.extend(name for name in target_scores if name not in names)
     if not records:
         raise ValueError(f"{source}: no records found")
     return Converted(records, attributes, gold)
@@ -118,9 +114,27 @@ def write_converted(converted: Converted, out_dir: Path) -> None:
     (out_dir / ATTRIBUTES_FILE).write_text(json.dumps(converted.attributes, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
+def first_per_category(converted: Converted, n: int) -> Converted:
+    """The first ``n`` products of each category (file order), ids and attribute lists unchanged."""
+    seen: dict[str, int] = {}
+    keep = set()
+    for record in converted.records:
+        category = record["category"]
+        if seen.get(category, 0) < n:
+            seen[category] = seen.get(category, 0) + 1
+            keep.add(record["product_id"])
+    return Converted(
+        [r for r in converted.records if r["product_id"] in keep],
+        converted.attributes,
+        [g for g in converted.gold if g["product_id"] in keep],
+    )
+
+
 def convert(config: ConvertConfig) -> Converted:
     """Read ``config.source`` and write the three files; return what was written."""
     converted = read_extractgpt(config.source, config.dataset, config.split)
+    if config.per_category is not None:
+        converted = first_per_category(converted, config.per_category)
     write_converted(converted, config.out_dir)
     return converted
 
@@ -131,6 +145,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--dataset", help="dataset name in product ids (default: parent folder name)")
     parser.add_argument("--split", help="split name in product ids (default: file stem)")
+    parser.add_argument(
+        "--per-category",
+        type=int,
+        metavar="N",
+        help="keep only the first N products of each category (a quick subset; ids and attributes unchanged)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         dataset if args.dataset is None else args.dataset,
         split if args.split is None else args.split,
+        args.per_category,
     )
     converted = convert(config)
     summary = {

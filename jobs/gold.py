@@ -19,7 +19,6 @@ records and records without targets are skipped and counted in ``TrainingData.st
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,9 @@ from hpd_core.types import Attribute
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
 
 from jobs.convert import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE
-from jobs.evaluate import PREDICTIONS_DIR, read_gold, resolve
+from jobs.evaluate import read_gold
+from jobs.predictions import attribute_files, read_columns
+from jobs.storage import read_json_lines
 
 NULL_GOLD = "n/a"
 
@@ -70,15 +71,7 @@ def read_records(path: Path) -> list[object]:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not valid JSON ({err.msg})") from err
+    rows = [row for _, row in read_json_lines(path)]  # non-objects become rejected records
     if not rows:
         raise ValueError(f"{path}: no records")
     return rows
@@ -141,26 +134,12 @@ def load_gold(sources: Sources) -> TrainingData:
 
 def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int]:
     """``URI/attributes/`` -> (product_id -> attribute -> value, products with a truncated value, rows)."""
-    import pyarrow.dataset as ds
-
-    filesystem, base = resolve(uri)
-    root = f"{base}/{PREDICTIONS_DIR}"
-    try:
-        fragments = list(ds.dataset(root, filesystem=filesystem, format="parquet", partitioning=None).get_fragments())
-    except FileNotFoundError as err:
-        raise ValueError(f"no teacher output at {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`") from err
-    if not fragments:
-        raise ValueError(f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`")
+    fragments = attribute_files(uri, what="teacher output")
     values: dict[str, dict[str, object]] = {}
     truncated: set[str] = set()
     rows = 0
     for fragment in fragments:
-        names = fragment.physical_schema.names
-        missing = [c for c in ("product_id", "attribute", "value") if c not in names]
-        if missing:
-            raise ValueError(f"{fragment.path}: missing column(s) {missing}; is this `hpd extract` output?")
-        columns = ["product_id", "attribute", "value"] + (["truncated"] if "truncated" in names else [])
-        table = fragment.to_table(columns=columns).to_pydict()
+        table = read_columns(fragment, optional=("truncated",))
         flags = table.get("truncated") or [False] * len(table["product_id"])
         for product_id, attribute, value, flag in zip(table["product_id"], table["attribute"], table["value"], flags):
             values.setdefault(product_id, {})[attribute] = value

@@ -103,3 +103,19 @@ def test_real_oa_mine_test_file(tmp_path: Path):
     main(["convert", "extractgpt", str(OA_MINE_TEST), "--out", str(again)])
     for name in ("records.jsonl", "gold.jsonl", "attributes.json"):
         assert (out / name).read_bytes() == (again / name).read_bytes()
+
+
+def test_per_category_subset_keeps_ids_and_schema(tmp_path: Path, capsys):
+    source = tmp_path / "mini" / "test.jsonl"
+    source.parent.mkdir()
+    source.write_text("".join(json.dumps(row) + "\n" for row in TINY), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["convert", "extractgpt", str(source), "--out", str(out), "--per-category", "1"]) == 0
+    records, gold = _read_jsonl(out / "records.jsonl"), _read_jsonl(out / "gold.jsonl")
+    assert [r["product_id"] for r in records] == ["mini-test-00000", "mini-test-00001"]  # first of each category
+    assert [g["product_id"] for g in gold] == ["mini-test-00000", "mini-test-00001"]
+    attributes = json.loads((out / "attributes.json").read_text(encoding="utf-8"))
+    assert attributes["Shoes"] == ["Brand", "Color", "Shoe type"]  # from the whole file, as without the subset
+    capsys.readouterr()
+    assert main(["convert", "extractgpt", str(source), "--out", str(out), "--per-category", "0"]) == 2
+    assert "per_category" in capsys.readouterr().err

@@ -18,7 +18,9 @@ import pytest
 from pyarrow import fs
 
 from jobs.cli import main
-from jobs.evaluate import read_attributes, read_gold, read_predictions, s3_options
+from jobs.evaluate import read_attributes, read_gold
+from jobs.predictions import read_predictions
+from jobs.storage import s3_options
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 OA_MINE_TEST = SHARED / "data" / "oa-mine" / "test.jsonl"
@@ -172,8 +174,39 @@ def test_gold_and_attribute_file_errors(tmp_path: Path):
     attributes.write_text(json.dumps({"c": [1]}))
     with pytest.raises(ValueError, match="attributes of 'c'"):
         read_attributes(str(attributes))
-    with pytest.raises(ValueError, match="--predictions URI and --gold FILE"):
-        main(["evaluate", "--gold", str(gold)])
+
+
+def _cli_error(argv: list[str], capsys, monkeypatch) -> str:
+    """Run `hpd` expecting a user error: exit status 2, one short message, no traceback."""
+    monkeypatch.delenv("HPD_TRACEBACK", raising=False)
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.startswith("hpd evaluate: error: ") and captured.err.count("\n") == 1
+    return captured.err
+
+
+def test_cli_user_errors_are_short(tmp_path: Path, gold_dir: Path, capsys, monkeypatch):
+    gold = str(gold_dir / "gold.jsonl")
+    assert "pass --predictions URI and --gold FILE" in _cli_error(["evaluate", "--gold", gold], capsys, monkeypatch)
+    out = tmp_path / "job-output"
+    assert "pass --predictions URI and --gold FILE" in _cli_error(["evaluate", "--predictions", str(out)], capsys, monkeypatch)
+    missing_gold = str(tmp_path / "missing" / "gold.jsonl")
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", missing_gold], capsys, monkeypatch)
+    assert f"file not found: {missing_gold}" in message
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold], capsys, monkeypatch)
+    assert f"no predictions at {out}/attributes/" in message and "hpd extract" in message
+    (out / "attributes").mkdir(parents=True)
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold], capsys, monkeypatch)
+    assert f"no Parquet files under {out}/attributes/" in message
+    message = _cli_error(["evaluate", "--predictions", gold, "--gold", gold], capsys, monkeypatch)  # a file, not a directory
+    assert "attributes" in message
+    write_predictions(fs.LocalFileSystem(), str(out))
+    missing_schema = str(tmp_path / "attributes.json")
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold, "--attributes", missing_schema], capsys, monkeypatch)
+    assert f"file not found: {missing_schema}" in message
+    assert not (out / "_evaluation.json").exists()
 
 
 def test_real_oa_mine_via_parquet_matches_stored_run(tmp_path: Path, capsys):
@@ -215,12 +248,6 @@ def test_extractgpt_run_mode_detects_a_mismatch(tmp_path: Path, capsys):
     assert main(["evaluate", "--extractgpt-run", str(tampered)]) == 1
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["matches_stored"]["micro"] is False and result["matches_stored"]["macro"] is True
-
-
-def test_s3_options_from_environment():
-    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "eu-west-1"}
-    assert s3_options(env) == {"scheme": "http", "endpoint_override": "127.0.0.1:9000", "access_key": "k", "secret_key": "s", "region": "eu-west-1"}
-    assert s3_options({"AWS_DEFAULT_REGION": "us-east-1"}) == {"region": "us-east-1"}
 
 
 # --- a real local S3 server (SeaweedFS) --------------------------------------------------------
@@ -295,3 +322,14 @@ def test_evaluate_s3_end_to_end(s3_server, gold_dir: Path, monkeypatch, capsys):
         assert "| Home & Kitchen/Bath | Color |" in stream.read().decode("utf-8")
     with filesystem.open_input_stream("hpd/jobs/run-1/_evaluation.json") as stream:
         assert json.loads(stream.read())["strict"]["micro"] == EXPECTED_STRICT_MICRO
+
+
+def test_evaluate_s3_user_errors(s3_server, gold_dir: Path, capsys, monkeypatch):
+    env, _ = s3_server
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    gold = str(gold_dir / "gold.jsonl")
+    message = _cli_error(["evaluate", "--predictions", "s3://hpd/jobs/none", "--gold", gold], capsys, monkeypatch)
+    assert "s3://hpd/jobs/none/attributes/" in message and "hpd extract" in message
+    message = _cli_error(["evaluate", "--predictions", "s3://hpd/jobs/none", "--gold", "s3://hpd/missing.jsonl"], capsys, monkeypatch)
+    assert "file not found: s3://hpd/missing.jsonl" in message

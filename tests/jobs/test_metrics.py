@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.evaluate import evaluate_extractgpt_run
+from jobs.scoring import evaluate_extractgpt_run
 from jobs.metrics import (
     Counts,
     GoldExample,

@@ -1,0 +1,99 @@
+"""Scoring with both metrics (ExtractGPT + strict): job predictions joined to gold by product_id,
+or a stored ExtractGPT run recomputed and checked against its stored ``results``.
+
+Scoring always uses the GOLD category of a product. Predicted categories only feed the
+``category_mismatch`` count. Gold products without any prediction row count as predicting null
+for every attribute.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from jobs.convert import validate_target_scores
+from jobs.metrics import GoldExample, MetricReport, extractgpt_metric, parse_extractgpt_prediction, strict_metric
+from jobs.predictions import Predictions
+from jobs.storage import read_text
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """Both metric reports and the join statistics."""
+
+    lenient: MetricReport
+    strict: MetricReport
+    products: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {
+            **self.lenient.to_dict(with_combos=False),
+            "strict": self.strict.to_dict(with_combos=False),
+            "combos": len(self.lenient.combos),
+            "products": self.products,
+        }
+
+
+def evaluate(
+    predictions: Predictions,
+    gold: list[GoldExample],
+    attributes: Mapping[str, list[str]] | None = None,
+) -> EvaluationResult:
+    """Join by product_id and compute both metrics; missing products predict null."""
+    gold_ids = {ex.product_id for ex in gold}
+    products = {
+        "gold": len(gold),
+        "predicted": sum(1 for pid in predictions.values if pid in gold_ids),
+        "missing": sum(1 for ex in gold if ex.product_id not in predictions.values),
+        "extra": sum(1 for pid in predictions.values if pid not in gold_ids),
+        "category_mismatch": sum(
+            1 for ex in gold if predictions.categories.get(ex.product_id, ex.category) not in (None, ex.category)
+        ),
+        "rows": predictions.rows,
+        "truncated": predictions.truncated,
+    }
+    return EvaluationResult(
+        extractgpt_metric(gold, predictions.values, attributes),
+        strict_metric(gold, predictions.values, attributes),
+        products,
+    )
+
+
+def evaluate_extractgpt_run(uri: str) -> dict:
+    """Recompute a stored ExtractGPT run (gzip JSON) and compare with its stored ``results``."""
+    try:
+        run = json.loads(read_text(uri))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{uri}: not valid JSON ({err.msg})") from err
+    if not isinstance(run, dict) or not isinstance(run.get("examples"), list):
+        raise ValueError(f"{uri}: not an ExtractGPT run (expected an object with 'examples')")
+    gold, predictions = [], {}
+    for i, example in enumerate(run["examples"]):
+        product_id = f"example-{i:05d}"
+        if not isinstance(example, dict) or not isinstance(example.get("category"), str):
+            raise ValueError(f"{uri} example {i}: expected an object with a string 'category'")
+        target_scores = validate_target_scores(example.get("target_scores"), f"{uri} example {i}")
+        gold.append(GoldExample(product_id, example["category"], target_scores))
+        predictions[product_id] = parse_extractgpt_prediction(example.get("pred"))
+    attributes = run.get("known_attributes")
+    lenient = extractgpt_metric(gold, predictions, attributes)
+    strict = strict_metric(gold, predictions, attributes)
+    stored = run.get("results") or {}
+    mine = lenient.to_dict(with_combos=False)
+    matches = {
+        kind: {f"{kind}_{k}": v for k, v in mine[kind].items()} == stored.get(kind) for kind in ("micro", "macro")
+    }
+    stored_combos = {k: v for k, v in stored.items() if k not in ("micro", "macro")}
+    matches["combos"] = stored_combos == {f"{c.attribute}_{c.category}": c.scores.to_dict() for c in lenient.combos}
+    return {
+        "run": uri,
+        "model": run.get("model"),
+        "dataset": run.get("dataset_name"),
+        "examples": len(gold),
+        **mine,
+        "strict": strict.to_dict(with_combos=False),
+        "combos": len(lenient.combos),
+        "stored": {"micro": stored.get("micro"), "macro": stored.get("macro")},
+        "matches_stored": matches,
+    }
