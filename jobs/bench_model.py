@@ -124,6 +124,15 @@ def model_info(args: argparse.Namespace, model, tokenizer, name: str, source) ->
         "vocab_size": head.shape[0],
         "tokenizer_vocab": len(tokenizer),
         "random_weights": bool(args.random_arch),
-        "adapter": args.adapter,  # HPD's
-        "baseline_adapter": baseline_adapter(args),
+        "adapter": applied_adapter(args, args.adapter),  # HPD's
+        "baseline_adapter": applied_adapter(args, baseline_adapter(args)),
     }
+
+
+def applied_adapter(args: argparse.Namespace, adapter: str | None) -> str | None:
+    """The adapter actually merged (``--model default`` carries the shipped one), for the report."""
+    if args.random_arch:
+        return None
+    from hpd_core.models import resolve_adapter
+
+    return resolve_adapter(ModelConfig(name=args.model, adapter=adapter))

@@ -39,6 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dry-run decoder only: simulated decode time per prompt")
 
 
+def check_model_paths(model_uri: str, adapter_uri: str | None) -> None:
+    """Local model/adapter paths that are not there fail here, before Ray starts (S3 is checked by the actors)."""
+    from hpd_core.config import DEFAULT_MODEL, ModelConfig
+    from hpd_core.models import check_paths
+
+    def local(uri: str | None) -> str | None:
+        return None if uri is None or uri.startswith("s3://") else uri
+
+    check_paths(ModelConfig(name=local(model_uri) or DEFAULT_MODEL, adapter=local(adapter_uri)))
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from jobs.config import from_args
@@ -46,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = from_args(args)
-    except ValueError as err:
+        if config.extract.decoder != DRY_RUN:
+            check_model_paths(config.extract.model_uri, config.extract.adapter_uri)
+    except (ValueError, FileNotFoundError) as err:
         print(f"hpd extract: {err}", file=sys.stderr)
         return 2
     if config.extract.decoder != DRY_RUN and importlib.util.find_spec("hpd_core.decoders") is None:

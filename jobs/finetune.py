@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from hpd_core.config import ATTENTION, DEFAULT_MODEL, DTYPES, DecodeConfig, ModelConfig
+from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_MODEL, DTYPES, DecodeConfig, ModelConfig
 from pipelines.stacking import StackingConfig
 
 CONFIG_FILE = "training_config.json"
@@ -48,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-value-tokens", type=int, default=DecodeConfig().max_value_tokens, help="K_max (default %(default)s, as extraction)"
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=DEFAULT_MODEL, help="base model: 'default', hub id, local dir or .gguf")
+    model.add_argument(
+        "--model",
+        default=DEFAULT_BASE_MODEL,
+        help=f"base model: '{DEFAULT_BASE_MODEL}' (SmolLM2-135M-Instruct, default), hub id, local dir or .gguf",
+    )
     model.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     model.add_argument("--dtype", choices=DTYPES, default=ModelConfig().dtype, help="weights dtype (default %(default)s)")
     model.add_argument("--attention", choices=[a for a in ATTENTION if a != "flex_attention"], default="sdpa")
@@ -99,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
 
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
     config = finetune.TrainConfig(docs_per_prompt=args.docs_per_prompt, max_value_tokens=args.max_value_tokens, **options)
+    if args.model == DEFAULT_MODEL:
+        raise ValueError(
+            f"--model {DEFAULT_MODEL} already carries the shipped adapter; adapters are trained on the "
+            f"base model: use --model {DEFAULT_BASE_MODEL}"
+        )
     model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
 
     sources = gold.resolve_sources(args.train, args.attributes, args.gold)

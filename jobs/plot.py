@@ -49,7 +49,7 @@ def _adapters(model: dict) -> str:
     hpd, baseline = model.get("adapter"), model.get("baseline_adapter")
     if hpd == baseline:
         return f"; LoRA adapter `{hpd}` merged, for both decoders" if hpd else ""
-    own = f"HPD with LoRA adapter `{hpd}`" if hpd else "HPD without --adapter"
+    own = f"HPD with LoRA adapter `{hpd}`" if hpd else "HPD without an adapter"
     return (
         f"; {own}, the baseline with `{baseline}`: the base loaded twice, each copy with its adapter "
         "merged (same architecture and compute per token, so the comparison stays fair)"

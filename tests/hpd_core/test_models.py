@@ -10,7 +10,7 @@ import torch
 
 from hpd_core.config import DecodeConfig, ModelConfig
 from hpd_core.decoders import load_decoder, make_decoder
-from hpd_core.models import load_model
+from hpd_core.models import DEFAULT_ADAPTER_DIR, check_paths, load_model, resolve_adapter
 
 from .conftest import random_request, tiny_model
 
@@ -101,6 +101,31 @@ def test_lora_adapter_is_applied(model_dir, tmp_path, tokenizer):
     with torch.inference_mode():
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-4, rtol=1e-4)
         assert not torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-4)
+
+
+def test_missing_local_paths_fail_fast_with_the_path(model_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="model directory /nope/model"):
+        check_paths(ModelConfig(name="/nope/model"))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        check_paths(ModelConfig(name=str(tmp_path)))  # a directory, but not a model
+    with pytest.raises(FileNotFoundError, match="GGUF file"):
+        check_paths(ModelConfig(name=str(tmp_path / "m.gguf")))
+    with pytest.raises(FileNotFoundError, match="adapter ./no-adapter"):
+        check_paths(ModelConfig(name=str(model_dir), adapter="./no-adapter"))
+    with pytest.raises(FileNotFoundError, match="model directory /nope/model"):
+        load_model(ModelConfig(name="/nope/model"))
+    check_paths(ModelConfig(name="org/some-hub-model", adapter="org/some-hub-adapter"))  # hub ids pass
+
+
+def test_default_carries_the_shipped_adapter_unless_replaced(tmp_path):
+    assert (DEFAULT_ADAPTER_DIR / "adapter_config.json").is_file()
+    assert resolve_adapter(ModelConfig()) == str(DEFAULT_ADAPTER_DIR)
+    assert resolve_adapter(ModelConfig(name="default-base")) is None
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert resolve_adapter(ModelConfig(adapter=str(tmp_path))) == str(tmp_path)
+    assert resolve_adapter(ModelConfig(name="default-base", adapter=str(tmp_path))) == str(tmp_path)
+    size = sum(f.stat().st_size for f in DEFAULT_ADAPTER_DIR.iterdir())
+    assert size < 20 * 2**20  # shipped in the repository: LoRA only, kept small
 
 
 TITLES = [

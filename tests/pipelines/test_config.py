@@ -67,3 +67,20 @@ def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
     args = parse("--output", tmp_path / "out", "--docs-per-prompt", 0)
     assert extract.run(args) == 2
     assert "docs_per_prompt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "/nope/model"], "model directory /nope/model does not exist"),
+        (["--model", "./nope.gguf"], "GGUF file ./nope.gguf does not exist"),
+        (["--adapter", "/nope/adapter"], "adapter /nope/adapter is not a PEFT adapter directory"),
+    ],
+)
+def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tmp_path, capsys):
+    import ray
+
+    args = parse("--output", tmp_path / "out", *extra)
+    assert extract.run(args) == 2
+    assert message in capsys.readouterr().err
+    assert not ray.is_initialized()
