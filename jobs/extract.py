@@ -18,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="records: local path or s3://bucket/prefix, Parquet or JSON Lines")
     parser.add_argument("--attributes", required=True, help="JSON or YAML: category -> [attribute, ...] or {attribute: description}")
     parser.add_argument("--output", required=True, help="local path or s3://bucket/prefix for attributes/, rejected/, _report.*")
-    parser.add_argument("--model", help="'default', a hub id, a local directory or .gguf, or s3://bucket/prefix/")
-    parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://)")
+    parser.add_argument("--model", help="'default' (SmolLM2-135M-Instruct + the shipped HPD adapter), 'default-base' (without it), "
+                        "a hub id, a local directory or .gguf, or s3://bucket/prefix/")
+    parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://); replaces the shipped one of 'default'")
     parser.add_argument("--decoder", choices=DECODER_CHOICES, default="hpd",
                         help="hpd (default), ar (baseline), reference (slow oracle), dry-run (no model)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="model weights and compute (default float32)")

@@ -69,6 +69,7 @@ class ActorSizing:
     num_gpus: float  # per actor
     num_cpus: float  # per actor
     actors: int
+    threads: int | None = None  # torch threads per CPU actor (None on GPU: torch's default)
 
     @property
     def devices(self) -> float:
@@ -83,7 +84,10 @@ def size_actors(cluster: dict, config: ResourceConfig) -> ActorSizing:
         return ActorSizing("gpu", 1, config.gpu_actor_cpus, min(gpus, config.max_actors or gpus))
     num_cpus = min(config.cpu_actor_cpus, cpus / 2)
     actors = max(1, int(cpus / 2 // num_cpus))
-    return ActorSizing("cpu", 0, num_cpus, min(actors, config.max_actors or actors))
+    actors = min(actors, config.max_actors or actors)
+    # Ray would pin each actor to 1 thread (OMP_NUM_THREADS = its whole CPUs); the prepare and write
+    # tasks are light, so the actors share all the cores for their matmuls.
+    return ActorSizing("cpu", 0, num_cpus, actors, threads=max(1, int(cpus // actors)))
 
 
 def build_dataset(
@@ -111,7 +115,7 @@ def build_dataset(
         ExtractStage,
         batch_size=1,
         batch_format="pyarrow",
-        fn_constructor_kwargs={"config": extract},
+        fn_constructor_kwargs={"config": extract, "threads": sizing.threads},
         compute=ray.data.ActorPoolStrategy(
             size=sizing.actors, max_tasks_in_flight_per_actor=resources.tasks_in_flight_per_actor
         ),
@@ -210,6 +214,7 @@ def run_job(
         "skip_existing": skip_existing,
         "decoder": extract.decoder,
         "model": DryRunDecoder.model_name if extract.decoder == DRY_RUN else extract.model_uri,
+        "adapter": None if extract.decoder == DRY_RUN else extract.adapter_uri,
         "docs_per_prompt": prepare.stacking.docs_per_prompt,
         "max_value_tokens": extract.decode.max_value_tokens,
     }

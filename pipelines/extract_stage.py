@@ -91,7 +91,11 @@ def load(config: ExtractConfig):
 class ExtractStage:
     """Ray Data callable class: constructed once per actor, called once per chunk row."""
 
-    def __init__(self, config: ExtractConfig) -> None:
+    def __init__(self, config: ExtractConfig, threads: int | None = None) -> None:
+        if threads is not None and config.decoder != DRY_RUN:
+            import torch
+
+            torch.set_num_threads(threads)  # CPU actors: see build.size_actors
         self.config = config
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self.decoder = load(config)

@@ -114,8 +114,9 @@ def render_markdown(report: dict) -> str:
         f"# Extraction report `{report['run_id']}`",
         "",
         f"- input: `{report['input']}`  output: `{report['output']}`",
-        f"- decoder: `{report['decoder']}`  model: `{report['model']}`  "
-        f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}",
+        f"- decoder: `{report['decoder']}`  model: `{report['model']}`"
+        + (f" + adapter `{report['adapter']}`  " if report.get("adapter") else "  ")
+        + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}",
         "",
         "| rows in | products out | rejected | skipped | attribute rows |",
         "|---:|---:|---:|---:|---:|",

@@ -34,6 +34,14 @@ def test_actor_sizing(cluster, config, expected):
     assert sizing.num_cpus <= cluster["CPU"] / 2 or sizing.device == "gpu"
 
 
+def test_cpu_actors_share_all_cores_for_torch_threads():
+    assert size_actors({"CPU": 2}, ResourceConfig()).threads == 2  # Ray alone would give 1
+    assert size_actors({"CPU": 16}, ResourceConfig()).threads == 2  # 8 actors
+    assert size_actors({"CPU": 16}, ResourceConfig(max_actors=2)).threads == 8
+    assert size_actors({"CPU": 1}, ResourceConfig()).threads == 1
+    assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig()).threads is None  # torch's default
+
+
 def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     config = from_args(parse("--output", tmp_path / "out"))
     assert config.prepare.stacking.docs_per_prompt == 4 and config.extract.decode.max_value_tokens == 30

@@ -134,7 +134,7 @@ def test_report_fields(s3_job):
     result = report(s3_job["output"])
     for field in ("rows_in", "products_out", "rows_rejected", "wall_seconds", "device", "device_seconds",
                   "products_per_second_per_device", "prompt_tokens", "generated_tokens", "forward_passes",
-                  "usd_per_1k_products", "price_per_gpu_hour", "run_id", "decoder", "model"):
+                  "usd_per_1k_products", "price_per_gpu_hour", "run_id", "decoder", "model", "adapter"):
         assert field in result, field
     assert result["device"] == "cpu" and result["cpu_seconds"] == result["device_seconds"] > 0
     assert result["price_per_gpu_hour"] == 3.77
