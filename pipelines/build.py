@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -175,6 +176,20 @@ def _stream(ds: ray.data.Dataset, progress_seconds: float) -> Stats:
     return stats
 
 
+NO_PROGRESS_TIMEOUT_ENV = "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S"
+
+
+def allow_slow_chunks() -> None:
+    """A chunk (up to --chunk-rows products) is one actor call and may take longer than Ray Data's
+    no-progress timeout (30 min in Ray 2.60) on a slow device: turn that timeout off unless the
+    user set it. Liveness shows in the job's own progress log; failed actors are retried by Ray."""
+    if NO_PROGRESS_TIMEOUT_ENV in os.environ:
+        return
+    context = ray.data.DataContext.get_current()
+    if hasattr(context, "execution_no_progress_timeout_s"):
+        context.execution_no_progress_timeout_s = -1
+
+
 def run_job(
     *,
     prepare: PrepareConfig,
@@ -187,6 +202,7 @@ def run_job(
 ) -> dict:
     """Run (or resume) the whole job on the connected Ray cluster; return the report."""
     started = time.time()
+    allow_slow_chunks()
     resumed = commit.claim_output(output.uri, output.run_id, arguments)
     state = commit.scan(output.uri) if resumed else commit.ResumeState()
     shards = [

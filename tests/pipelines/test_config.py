@@ -92,3 +92,18 @@ def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tm
     assert extract.run(args) == 2
     assert message in capsys.readouterr().err
     assert not ray.is_initialized()
+
+
+def test_slow_chunks_do_not_trip_ray_datas_no_progress_timeout(monkeypatch):
+    import ray
+
+    from pipelines.build import NO_PROGRESS_TIMEOUT_ENV, allow_slow_chunks
+
+    context = ray.data.DataContext.get_current()
+    monkeypatch.setattr(context, "execution_no_progress_timeout_s", 1800)
+    monkeypatch.setenv(NO_PROGRESS_TIMEOUT_ENV, "600")
+    allow_slow_chunks()
+    assert context.execution_no_progress_timeout_s == 1800  # the user's choice is kept
+    monkeypatch.delenv(NO_PROGRESS_TIMEOUT_ENV)
+    allow_slow_chunks()
+    assert context.execution_no_progress_timeout_s == -1  # a chunk may take longer than 30 min
