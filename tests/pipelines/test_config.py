@@ -85,13 +85,19 @@ def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
         (["--adapter", "/nope/adapter"], "adapter /nope/adapter is not a PEFT adapter directory"),
     ],
 )
-def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tmp_path, capsys):
+def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tmp_path, capsys, monkeypatch):
     import ray
 
+    import pipelines.build
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the job started although a model path is missing")
+
+    monkeypatch.setattr(ray, "init", must_not_run)
+    monkeypatch.setattr(pipelines.build, "run_job", must_not_run)
     args = parse("--output", tmp_path / "out", *extra)
     assert extract.run(args) == 2
     assert message in capsys.readouterr().err
-    assert not ray.is_initialized()
 
 
 def test_slow_chunks_do_not_trip_ray_datas_no_progress_timeout(monkeypatch):
