@@ -5,6 +5,9 @@ tokens fed so far), runs one full forward with the training-view mask (masks.tra
 the full LM head, and reads each active slot's next token at its last token (its anchor at step 1).
 Stopping uses the character-level state machine directly (stopping.advance), not the token table.
 Cached HPD (engine.py) must produce the same tokens (fp32).
+
+``AutoregressiveReference`` is the same kind of oracle for the baseline (autoregressive.py): one
+request at a time, a full forward over prompt + answer so far at every step, no padding, no cache.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hpd_core import masks
+from hpd_core.autoregressive import AutoregressiveDecoder, answer_length, make_result
 from hpd_core.config import DecodeConfig
 from hpd_core.engine import group
 from hpd_core.layout import Layout, build_layout
@@ -109,3 +113,28 @@ class ReferenceDecoder:
             decoder=self.name,
             extra={"slot_tokens": generated},
         )
+
+
+class AutoregressiveReference(AutoregressiveDecoder):
+    """The baseline's oracle: same prompts, budgets and stop rule, one request at a time, no cache."""
+
+    name = "ar-reference"
+
+    def decode(self, requests: list[Request], exact_new_tokens: list[int] | None = None) -> list[Result]:
+        generator = make_generator(self.config, self.device)
+        budgets = exact_new_tokens or [self.answer_budget(r) for r in requests]
+        exact = exact_new_tokens is not None
+        return [self.decode_one(r, budget, exact, generator) for r, budget in zip(requests, budgets)]
+
+    @torch.inference_mode()
+    def decode_one(self, request: Request, budget: int, exact: bool, generator=None) -> Result:
+        prompt = self.prompt_ids(request)
+        special = set() if exact else self.special
+        tokens: list[int] = []
+        while len(tokens) < budget:
+            ids = torch.tensor([prompt + tokens], device=self.device)
+            logits = self.model(input_ids=ids).logits[0, -1]
+            tokens.append(int(select(logits, self.config, generator)))
+            if not exact and answer_length(self.tokenizer, len(request.products), tokens, special)[1]:
+                break
+        return make_result(self.name, self.tokenizer, request, len(prompt), tokens, len(tokens), exact)

@@ -1,0 +1,115 @@
+"""The baseline decoder against its oracle (one request at a time, no cache), and its stop rule."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpd_core.autoregressive import AnswerScanner, AutoregressiveDecoder
+from hpd_core.config import DecodeConfig
+from hpd_core.layout import encode
+from hpd_core.prompts import render_answer
+from hpd_core.reference import AutoregressiveReference
+
+from .conftest import ARCHITECTURES, random_request, random_text
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@st.composite
+def batches(draw):
+    """1..4 requests with independent J, N and title lengths; a K_max; maybe exact budgets."""
+    rng = random.Random(draw(st.integers(0, 2**31)))
+    shapes = draw(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12)), min_size=1, max_size=4))
+    requests = [random_request(rng, j, n, words) for j, n, words in shapes]
+    exact = draw(st.one_of(st.none(), st.lists(st.integers(1, 12), min_size=len(requests), max_size=len(requests))))
+    return requests, draw(st.integers(1, 4)), exact
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@SETTINGS
+@given(case=batches())
+def test_baseline_equals_reference(models, tokenizer, arch, case):
+    """Batched, left-padded, cached, rows retiring at different steps == one at a time, no cache."""
+    requests, k_max, exact = case
+    config = DecodeConfig(max_value_tokens=k_max)
+    fast = AutoregressiveDecoder(models[arch], tokenizer, config).decode(requests, exact_new_tokens=exact)
+    slow = AutoregressiveReference(models[arch], tokenizer, config).decode(requests, exact_new_tokens=exact)
+    for a, b in zip(fast, slow):
+        assert a.extra["text"] == b.extra["text"]
+        assert (a.values, a.generated_tokens, a.forward_passes) == (b.values, b.generated_tokens, b.forward_passes)
+    if exact:
+        assert [r.generated_tokens for r in fast] == exact
+
+
+def test_rows_retire_at_different_lengths(models, tokenizer):
+    """The equality test above is not vacuous: rows of one batch end at different steps."""
+    rng = random.Random(4)
+    requests = [random_request(rng, 1, rng.randint(1, 3)) for _ in range(6)]
+    results = AutoregressiveDecoder(models["llama"], tokenizer, DecodeConfig(max_value_tokens=3)).decode(requests)
+    assert len({r.generated_tokens for r in results}) > 1
+
+
+@pytest.mark.parametrize("docs", [1, 2])
+def test_stops_once_the_requested_products_are_closed(models, tokenizer, docs):
+    """A model that goes on writing product J+1 (as one fine-tuned on 6-product answers does at
+    J = 1) is stopped right after product J's object closes; its values are kept."""
+    rng = random.Random(9)
+    request = random_request(rng, docs, 3)
+    values = [[rng.choice([None, random_text(rng, 2)]) for _ in request.attributes] for _ in request.products]
+    answer = render_answer(request, values)
+    more = answer[: answer.rindex("\n}")] + ',\n  "9": {\n    "x": "runaway"\n  }\n}'
+    forced = encode(tokenizer, more[2:])  # the decoder seeds "{\n" itself
+    decoder = AutoregressiveDecoder(models["llama"], tokenizer, DecodeConfig(max_value_tokens=8))
+    prompt = decoder.prompt_ids(request)
+    result = decoder.decode_batch([request], [prompt], [len(forced)], forced=[forced])[0]
+    assert [[v.value for v in row] for row in result.values] == values
+    assert "runaway" not in result.extra["text"]
+    assert result.extra["text"].rstrip().rstrip(",").endswith("}")  # the closing token may be "},"
+    assert result.generated_tokens < len(forced)
+    assert json.loads(result.extra["text"].rstrip().rstrip(",") + "\n}") == json.loads(answer)
+
+
+@given(
+    st.lists(st.sampled_from(['{', '}', '[', ']', '"', '\\', ',', 'a', ' ', '\n', '}"', '\\"']), max_size=40),
+    st.integers(1, 3),
+    st.data(),
+)
+def test_scanner_reads_chunks_like_whole_text(pieces, products, data):
+    """Fed in arbitrary token-sized chunks, the scanner ends at the same character as fed whole."""
+    text = "".join(pieces)
+
+    def end_char(chunks):
+        scanner, seen = AnswerScanner(products), 0
+        for chunk in chunks:
+            for ch in chunk:
+                seen += 1
+                if scanner.feed(ch):
+                    return seen
+        return None
+
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    chunks = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+    whole = end_char([text])
+    scanner, consumed = AnswerScanner(products), 0
+    for chunk in chunks:
+        consumed += len(chunk)
+        if scanner.feed(chunk):
+            break
+    else:
+        consumed = None
+    # a chunk-fed scanner stops at the end of the chunk holding the ending character
+    assert (whole is None) == (consumed is None)
+    if whole is not None:
+        assert consumed >= whole and consumed - whole < max(len(c) for c in chunks)
+
+
+def test_scanner_ignores_braces_in_strings():
+    scanner = AnswerScanner(1)
+    assert not scanner.feed('  "1": {\n    "a": "} \\" }",\n    "b": null\n')
+    assert scanner.feed("  },")
+    assert AnswerScanner(3).feed('  "1": {}\n}')  # the outer object closed: complete
