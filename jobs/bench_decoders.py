@@ -42,7 +42,7 @@ def forced_hpd_class():
         def _policy(self, forced, slot_valid, generator):
             if forced is None:
                 return super()._policy(forced, slot_valid, generator)
-            (B, S), K = slot_valid.shape, self.config.max_value_tokens
+            S, K = slot_valid.shape[1], self.config.max_value_tokens
             rows = [[list(slot) + [self.runner.pad_id] * (K - len(slot)) for slot in r] for r in forced]
             rows = [r + [[self.runner.pad_id] * K] * (S - len(r)) for r in rows]
             force = torch.tensor(rows, dtype=torch.long).to(slot_valid.device)  # (B, S, K)

@@ -46,34 +46,12 @@ def read_gold(uri: str) -> list[GoldExample]:
 
 
 def read_attributes(uri: str) -> dict[str, list[str]]:
-    """Attribute schema: ``{category: [name | {"name": ...}]}`` or ``{category: {name: description}}``;
-    JSON for ``.json``, YAML otherwise (as the extraction job's schema files)."""
-    text = read_text(uri)
-    if uri.lower().endswith(".json"):
-        try:
-            schema = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{uri}: not valid JSON ({err})") from err
-    else:
-        import yaml
+    """category -> attribute names, from an attribute schema file (local or s3://) in the formats
+    the extraction job reads (``pipelines.schema``)."""
+    from pipelines.schema import schema_from_text
 
-        try:
-            schema = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ValueError(f"{uri}: not valid YAML ({err})") from err
-    if not isinstance(schema, dict):
-        raise ValueError(f"{uri}: expected an object mapping category -> attribute list")
-    out: dict[str, list[str]] = {}
-    for category, entries in schema.items():
-        if isinstance(entries, dict):
-            entries = list(entries)
-        if not isinstance(entries, list):
-            raise ValueError(f"{uri}: attributes of {category!r} must be a list or an object")
-        names = [e.get("name") if isinstance(e, dict) else e for e in entries]
-        if not all(isinstance(n, str) and n for n in names):
-            raise ValueError(f"{uri}: attributes of {category!r} must be names or {{'name': ...}} objects")
-        out[category] = names
-    return out
+    schema = schema_from_text(read_text(uri), uri)
+    return {category: [a.name for a in attributes] for category, attributes in schema.categories.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -56,15 +56,11 @@ def run(args: argparse.Namespace) -> int:
     from jobs.config import from_args
     from pipelines.dryrun import DRY_RUN
 
-    try:
-        config = from_args(args)
-        if config.extract.decoder != DRY_RUN:
-            check_model_paths(config.extract.model_uri, config.extract.adapter_uri)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"hpd extract: {err}", file=sys.stderr)
-        return 2
+    config = from_args(args)  # user errors (ValueError, OSError) are reported by jobs.cli
+    if config.extract.decoder != DRY_RUN:
+        check_model_paths(config.extract.model_uri, config.extract.adapter_uri)
     if config.extract.decoder != DRY_RUN and importlib.util.find_spec("hpd_core.decoders") is None:
-        print("hpd extract: the engine's decoders (hpd_core.decoders) are not installed; "
+        print("hpd extract: error: the engine's decoders (hpd_core.decoders) are not installed; "
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
 
@@ -74,19 +70,15 @@ def run(args: argparse.Namespace) -> int:
 
     if not ray.is_initialized():
         ray.init(address=config.address)
-    try:
-        report = run_job(
-            prepare=config.prepare,
-            extract=config.extract,
-            output=config.output,
-            report=config.report,
-            resources=config.resources,
-            skip_existing=config.skip_existing,
-            arguments=config.arguments,
-        )
-    except ValueError as err:
-        print(f"hpd extract: {err}", file=sys.stderr)
-        return 2
+    report = run_job(
+        prepare=config.prepare,
+        extract=config.extract,
+        output=config.output,
+        report=config.report,
+        resources=config.resources,
+        skip_existing=config.skip_existing,
+        arguments=config.arguments,
+    )
     print(
         f"run {report['run_id']}: {report['rows_in']} rows in, {report['products_out']} products out, "
         f"{report['rows_rejected']} rejected, {report['rows_skipped']} skipped; "

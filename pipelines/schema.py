@@ -114,20 +114,24 @@ def load_schema(path: str) -> AttributeSchema:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"attribute schema {path!r} does not exist or is not a file")
-    text = file.read_text(encoding="utf-8")
-    if file.suffix.lower() == ".json":
+    return schema_from_text(file.read_text(encoding="utf-8"), path)
+
+
+def schema_from_text(text: str, source: str) -> AttributeSchema:
+    """Parse a schema file's text; ``source`` (its path or URI) picks JSON (``.json``) or YAML."""
+    if source.lower().endswith(".json"):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"attribute schema {path!r} is not valid JSON: {err}") from err
+            raise ValueError(f"attribute schema {source!r} is not valid JSON: {err}") from err
     else:
         import yaml
 
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ValueError(f"attribute schema {path!r} is not valid YAML: {err}") from err
-    return parse_schema(data, source=path)
+            raise ValueError(f"attribute schema {source!r} is not valid YAML: {err}") from err
+    return parse_schema(data, source=source)
 
 
 @dataclass(frozen=True)

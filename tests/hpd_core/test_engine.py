@@ -108,7 +108,6 @@ def test_cached_step_logits_equal_training_view(models, tokenizer, arch):
         allowed = masks.training_allowed(t(pos), t(gen), torch.ones(1, len(ids), dtype=torch.bool))
         with torch.inference_mode():
             logits = model(input_ids=t(ids), position_ids=t(pos), attention_mask=masks.additive(allowed, torch.float32)).logits[0]
-        start = 0
         for s, anchor in enumerate(layout.anchor_index):
             # index in the logical sequence of the anchor of slot s
             offset = sum(len(f) for f in fed[:s])

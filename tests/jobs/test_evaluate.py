@@ -166,13 +166,13 @@ def test_gold_and_attribute_file_errors(tmp_path: Path):
     with pytest.raises(ValueError, match="line 1: target_scores"):
         read_gold(str(gold))
     attributes = tmp_path / "attributes.json"
-    attributes.write_text(json.dumps({"c": [{"name": "Brand", "description": "maker"}, "Color"], "d": {"Size": "EU"}}))
+    attributes.write_text(json.dumps({"c": ["Brand", "Color"], "d": {"Size": "EU"}}))
     assert read_attributes(str(attributes)) == {"c": ["Brand", "Color"], "d": ["Size"]}
     yaml_schema = tmp_path / "attributes.yaml"
     yaml_schema.write_text("c:\n  - Brand\n  - Color\nd:\n  Size: EU size\n")
     assert read_attributes(str(yaml_schema)) == {"c": ["Brand", "Color"], "d": ["Size"]}
     attributes.write_text(json.dumps({"c": [1]}))
-    with pytest.raises(ValueError, match="attributes of 'c'"):
+    with pytest.raises(ValueError, match="category 'c': attribute name must be a non-empty string"):
         read_attributes(str(attributes))
 
 

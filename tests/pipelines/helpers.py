@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -14,7 +13,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from jobs import extract
 from pipelines import io
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,10 +30,10 @@ def extract_args(input_uri, output_uri, *extra, attributes=SAMPLE_ATTRIBUTES) ->
 
 
 def run_extract(argv: list[str]) -> int:
-    """`hpd extract` in this process (it joins the session's Ray)."""
-    parser = argparse.ArgumentParser()
-    extract.add_arguments(parser)
-    return extract.run(parser.parse_args(argv))
+    """`hpd extract` in this process, through the CLI entry point (it joins the session's Ray)."""
+    from jobs.cli import main
+
+    return main(["extract", *map(str, argv)])
 
 
 def start_extract(argv: list[str], address: str, env: dict | None = None) -> subprocess.Popen:

@@ -8,7 +8,9 @@ from jobs import extract
 from jobs.config import from_args
 from pipelines.build import ResourceConfig, size_actors
 
-from .helpers import SAMPLE, SAMPLE_ATTRIBUTES
+from .helpers import SAMPLE, SAMPLE_ATTRIBUTES, run_extract
+
+BASE = ["--input", SAMPLE, "--attributes", SAMPLE_ATTRIBUTES]
 
 
 def parse(*argv) -> argparse.Namespace:
@@ -72,8 +74,7 @@ def test_bad_arguments_are_clear_value_errors(argv, message, tmp_path):
 
 
 def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
-    args = parse("--output", tmp_path / "out", "--docs-per-prompt", 0)
-    assert extract.run(args) == 2
+    assert run_extract(BASE + ["--output", tmp_path / "out", "--docs-per-prompt", 0]) == 2
     assert "docs_per_prompt" in capsys.readouterr().err
 
 
@@ -95,8 +96,7 @@ def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tm
 
     monkeypatch.setattr(ray, "init", must_not_run)
     monkeypatch.setattr(pipelines.build, "run_job", must_not_run)
-    args = parse("--output", tmp_path / "out", *extra)
-    assert extract.run(args) == 2
+    assert run_extract(BASE + ["--output", tmp_path / "out", *extra]) == 2
     assert message in capsys.readouterr().err
 
 

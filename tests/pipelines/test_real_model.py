@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import SAMPLE, extract_args, read_attributes, report, run_extract, sample_records
+from .helpers import SAMPLE, extract_args, read_attributes, report, run_extract
 
 
 def _values(table) -> dict:
