@@ -113,3 +113,31 @@ def test_scanner_ignores_braces_in_strings():
     assert not scanner.feed('  "1": {\n    "a": "} \\" }",\n    "b": null\n')
     assert scanner.feed("  },")
     assert AnswerScanner(3).feed('  "1": {}\n}')  # the outer object closed: complete
+
+
+@pytest.mark.slow
+def test_fine_tuned_baseline_on_the_real_model_equals_its_oracle():
+    """SmolLM2-135M + the baseline's LoRA (trained on 6-product answers), asked for one product at a
+    time: the batched decoder equals the no-cache oracle, and each answer stops after product 1
+    although the model would go on to write product 2."""
+    from pathlib import Path
+
+    from hpd_core.config import ModelConfig
+    from hpd_core.decoders import load_decoder
+    from hpd_core.types import Attribute, Product, Request
+
+    repo = Path(__file__).resolve().parents[2]
+    schema = json.loads((repo / "samples" / "attributes.json").read_text())
+    records = [json.loads(line) for line in (repo / "samples" / "oa-mine-sample.jsonl").read_text().splitlines()[:3]]
+    requests = [
+        Request(r["category"], tuple(Attribute(a) for a in schema[r["category"]]), (Product(r["product_id"], r["title"]),))
+        for r in records
+    ]
+    adapter = repo / "benchmarks" / "adapters" / "smollm2-135m-oa-mine-ar"
+    fast = load_decoder("ar", ModelConfig(name="default-base", adapter=str(adapter)), DecodeConfig())
+    slow = AutoregressiveReference(fast.model, fast.tokenizer, fast.config)
+    batched, oracle = fast.decode(requests), slow.decode(requests)
+    assert [r.extra["text"] for r in batched] == [r.extra["text"] for r in oracle]
+    for result in batched:
+        assert '"2"' not in result.extra["text"] and result.generated_tokens < fast.answer_budget(result.request)
+        assert any(v.value is not None for v in result.values[0])
