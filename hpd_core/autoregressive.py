@@ -77,17 +77,16 @@ def answer_length(tokenizer, products: int, tokens: list[int], special: set[int]
     return len(tokens), False
 
 
-def make_result(decoder: str, tokenizer, request: Request, prompt_len: int, tokens: list[int], passes: int, exact: bool) -> Result:
-    """A Result from one row's generated tokens (the answer text is parsed into values)."""
-    special = set() if exact else set(tokenizer.all_special_ids)
-    n, complete = (len(tokens), True) if exact else answer_length(tokenizer, len(request.products), tokens, special)
+def make_result(decoder: str, tokenizer, request: Request, prompt_len: int, tokens: list[int], n: int, complete: bool) -> Result:
+    """A Result from one row's generated tokens, the answer being ``tokens[:n]`` (``complete``: it
+    ended by itself or, with exact lengths, at its fixed length). Every token took a forward pass."""
     text = answer_prefix() + tokenizer.decode(tokens[:n], skip_special_tokens=True)
     return Result(
         request=request,
         values=parse_answer(request, text, complete),
         prompt_tokens=prompt_len,
         generated_tokens=n,
-        forward_passes=passes,
+        forward_passes=len(tokens),
         decoder=decoder,
         extra={"text": text},
     )
@@ -179,6 +178,7 @@ class AutoregressiveDecoder:
 
         live = list(range(B))  # batch row of each cache row
         generated: list[list[int]] = [[] for _ in range(B)]
+        ends: list[tuple[int, bool]] = [(0, False)] * B  # (answer length, complete), as answer_length
         scanners = [AnswerScanner(len(r.products)) for r in requests]
         while True:
             tokens = select(logits, self.config, generator)
@@ -187,10 +187,14 @@ class AutoregressiveDecoder:
             keep = []
             for k, (b, t) in enumerate(zip(live, tokens.tolist())):
                 generated[b].append(t)
-                done = len(generated[b]) >= budgets[b] or (forced is not None and len(generated[b]) == len(forced[b]))
-                if not exact and not done:
-                    done = t in self.special or scanners[b].feed(self.token_text(t))
-                if not done:
+                n = len(generated[b])
+                if not exact and t in self.special:
+                    ends[b] = (n - 1, True)  # the end token is not part of the answer
+                elif not exact and scanners[b].feed(self.token_text(t)):
+                    ends[b] = (n, True)
+                elif n >= budgets[b] or (forced is not None and n == len(forced[b])):
+                    ends[b] = (n, exact)
+                else:
                     keep.append(k)
             if not keep:
                 break
@@ -210,6 +214,6 @@ class AutoregressiveDecoder:
             logits = out.logits[:, -1]
             next_pos = next_pos + 1
         return [
-            make_result(self.name, self.tokenizer, r, len(p), g, len(g), exact)
-            for r, p, g in zip(requests, prompts, generated)
+            make_result(self.name, self.tokenizer, r, len(p), g, *end)
+            for r, p, g, end in zip(requests, prompts, generated, ends)
         ]

@@ -129,12 +129,15 @@ class AutoregressiveReference(AutoregressiveDecoder):
     @torch.inference_mode()
     def decode_one(self, request: Request, budget: int, exact: bool, generator=None) -> Result:
         prompt = self.prompt_ids(request)
-        special = set() if exact else self.special
         tokens: list[int] = []
+        end = (0, exact)
         while len(tokens) < budget:
             ids = torch.tensor([prompt + tokens], device=self.device)
             logits = self.model(input_ids=ids).logits[0, -1]
             tokens.append(int(select(logits, self.config, generator)))
-            if not exact and answer_length(self.tokenizer, len(request.products), tokens, special)[1]:
-                break
-        return make_result(self.name, self.tokenizer, request, len(prompt), tokens, len(tokens), exact)
+            end = (len(tokens), exact)
+            if not exact:
+                end = answer_length(self.tokenizer, len(request.products), tokens, self.special)
+                if end[1]:
+                    break
+        return make_result(self.name, self.tokenizer, request, len(prompt), tokens, *end)
