@@ -20,7 +20,7 @@ from hpd_core.engine import error_result
 from hpd_core.layout import encode
 from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, skeleton_segments
 from hpd_core.sampling import make_generator, select
-from hpd_core.stopping import token_texts
+from hpd_core.stopping import token_text, token_texts
 from hpd_core.types import Request, Result
 
 ANSWER_SLACK_TOKENS = 8  # room for the closing braces after the last value
@@ -72,7 +72,7 @@ def answer_length(tokenizer, products: int, tokens: list[int], special: set[int]
     for i, t in enumerate(tokens):
         if t in special:
             return i, True
-        if scanner.feed(tokenizer.decode([t], skip_special_tokens=False)):
+        if scanner.feed(token_text(tokenizer, t)):
             return i + 1, True
     return len(tokens), False
 
