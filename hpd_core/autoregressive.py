@@ -17,7 +17,7 @@ import torch
 from hpd_core.batching import plan_batches, run_split_on_oom
 from hpd_core.config import DecodeConfig
 from hpd_core.engine import error_result
-from hpd_core.layout import encode
+from hpd_core.layout import encode, encode_prompt
 from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, skeleton_segments
 from hpd_core.sampling import make_generator, select
 from hpd_core.stopping import token_text, token_texts
@@ -110,7 +110,7 @@ class AutoregressiveDecoder:
         return self._texts[token] if token < len(self._texts) else "\ufffd"
 
     def prompt_ids(self, request: Request) -> list[int]:
-        return encode(self.tokenizer, render_prompt(request, self.tokenizer) + answer_prefix())
+        return encode_prompt(self.tokenizer, render_prompt(request, self.tokenizer) + answer_prefix())
 
     def answer_budget(self, request: Request) -> int:
         """Most new tokens the answer can need: skeleton tokens plus K_max per value."""

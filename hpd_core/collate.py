@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from hpd_core import masks
-from hpd_core.layout import build_layout, encode
+from hpd_core.layout import build_layout, encode, encode_prompt
 from hpd_core.prompts import answer_prefix, render_answer, render_prompt, render_value, value_suffix
 from hpd_core.reference import logical_sequence
 from hpd_core.types import Attribute, Product, Request
@@ -129,7 +129,7 @@ def ar_features(tokenizer, example: Example) -> Features:
     """The baseline's sequence: prompt + ``{\\n`` (no loss), rest of the answer + eos (loss)."""
     request = example.request
     prefix = answer_prefix()
-    prompt = encode(tokenizer, render_prompt(request, tokenizer) + prefix)
+    prompt = encode_prompt(tokenizer, render_prompt(request, tokenizer) + prefix)
     answer_text = render_answer(request, [list(row) for row in example.values])
     if not answer_text.startswith(prefix):
         raise ValueError(f"answer text does not start with the answer prefix {prefix!r}")
@@ -150,9 +150,16 @@ def features(tokenizer, example: Example, decoder: str, k_max: int) -> Features:
     raise ValueError(f"decoder must be 'hpd' or 'ar' for fine-tuning, got {decoder!r}")
 
 
-def collate(batch: Sequence[Features], pad_id: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def collate(
+    batch: Sequence[Features],
+    pad_id: int,
+    dtype: torch.dtype = torch.float32,
+    windows: dict[str, int | None] | None = None,
+) -> dict:
     """Right-pad to the longest example. Returns input_ids, position_ids, labels (B, T) and the
-    additive attention_mask (B, 1, T, T) of the training-view rule in ``dtype``."""
+    additive attention_mask (B, 1, T, T) of the training-view rule in ``dtype``: one per attention
+    rule of the model's layers (``windows`` from ``masks.layer_windows``; default: full attention),
+    a mapping by layer type when they differ (``masks.for_layers``)."""
     B, T = len(batch), max(len(f.input_ids) for f in batch)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     position_ids = torch.zeros((B, T), dtype=torch.long)
@@ -166,10 +173,13 @@ def collate(batch: Sequence[Features], pad_id: int, dtype: torch.dtype = torch.f
         gen[b, :n] = torch.tensor(f.gen)
         labels[b, :n] = torch.tensor(f.labels)
         valid[b, :n] = True
-    allowed = masks.training_allowed(position_ids, gen, valid)  # (B, T, T)
+    windows = windows or {masks.FULL: None}
+    mask = masks.for_layers(  # (B, 1, T, T) per layer rule
+        windows, lambda w: masks.additive(masks.training_allowed(position_ids, gen, valid, w), dtype)
+    )
     return {
         "input_ids": input_ids,
         "position_ids": position_ids,
-        "attention_mask": masks.additive(allowed, dtype),
+        "attention_mask": mask,
         "labels": labels,
     }

@@ -5,7 +5,9 @@ Per batch of prompts (right-padded):
             anchors go through the LM head and give token 1 of every slot.
   step t    feed the latest token of every still-active slot (compacted to the front of the row,
             padded), at position anchor + t, appended at the end of the KV cache. The mask follows
-            position order (masks.allowed), so memory order does not matter.
+            position order (masks.allowed, with each layer's own window), so memory order does not
+            matter. The cache keeps every key of every layer, with no sliding-window cropping: the
+            mask applies a layer's window.
   stop      a slot ends when its text closes the JSON value (stopping.py; a table lookup per step),
             or is cut at K_max and flagged truncated. Its final token is never fed; its earlier
             tokens stay in the cache for later slots. Rows with no active slot leave the batch.
@@ -41,15 +43,18 @@ class ModelRunner:
         self.flex = getattr(model.config, "_attn_implementation", "sdpa") == "flex_attention"
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
+        self.windows = masks.layer_windows(model.config)
 
-    def mask(self, allowed: torch.Tensor):
-        return masks.block_mask(allowed) if self.flex else masks.additive(allowed, self.dtype)
+    def mask(self, rule):
+        """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule."""
+        convert = masks.block_mask if self.flex else (lambda allowed: masks.additive(allowed, self.dtype))
+        return masks.for_layers(self.windows, lambda window: convert(rule(window)))
 
-    def hidden(self, input_ids, position_ids, allowed, cache=None) -> torch.Tensor:
+    def hidden(self, input_ids, position_ids, rule, cache=None) -> torch.Tensor:
         out = self.body(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=self.mask(allowed),
+            attention_mask=self.mask(rule),
             past_key_values=cache,
             use_cache=cache is not None,
         )
@@ -140,8 +145,11 @@ class HPDDecoder:
         anchor_idx, anchor_pos, slot_valid = anchor_idx.to(dev), anchor_pos.to(dev), slot_valid.to(dev)
 
         # Prefill: all prompt tokens, LM head on anchors only.
-        cache = DynamicCache(config=run.model.config)
-        hidden = run.hidden(input_ids, positions, masks.allowed(positions, valid, positions, 0), cache)
+        cache = DynamicCache()  # no config: full layers only, nothing cropped (the mask windows)
+        gen0 = torch.zeros_like(positions)  # prompt and skeleton: generation index 0
+        hidden = run.hidden(
+            input_ids, positions, lambda w: masks.allowed(positions, gen0, valid, positions, gen0, 0, w), cache
+        )
         choose, limit, recorded = self._policy(forced, slot_valid, generator)
         rows, slots = slot_valid.nonzero(as_tuple=True)
         h_anchor = hidden[rows, anchor_idx[rows, slots]]  # (n, H): LM head on anchors only
@@ -155,7 +163,7 @@ class HPDDecoder:
         passes = torch.ones(B, dtype=torch.long, device=dev)
 
         live = torch.arange(B, device=dev)  # rows of the full tensors still in the cache
-        key_pos, key_valid = positions, valid  # (b, C): every cache entry's position / presence
+        key_pos, key_gen, key_valid = positions, gen0, valid  # (b, C): each cache entry's position / g / presence
         step = 1  # the value token index k being fed
         while True:
             act = active[live]
@@ -166,15 +174,20 @@ class HPDDecoder:
                 keep = alive.nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
                 live, act, key_pos, key_valid = live[keep], act[keep], key_pos[keep], key_valid[keep]
+                key_gen = key_gen[keep]
             A = int(act.sum(1).max())
             order = torch.argsort((~act).to(torch.int8), dim=1, stable=True)[:, :A]  # (b, A) slot ids
             q_valid = act.gather(1, order)
             q_tok = tokens[live].gather(1, order).masked_fill(~q_valid, run.pad_id)
             q_pos = anchor_pos[live].gather(1, order) + step
+            q_gen = torch.full_like(q_pos, step)
             offset = key_pos.shape[1]
             key_pos = torch.cat([key_pos, q_pos], 1)
+            key_gen = torch.cat([key_gen, q_gen], 1)
             key_valid = torch.cat([key_valid, q_valid], 1)
-            hidden = run.hidden(q_tok, q_pos, masks.allowed(key_pos, key_valid, q_pos, offset), cache)
+            hidden = run.hidden(
+                q_tok, q_pos, lambda w: masks.allowed(key_pos, key_gen, key_valid, q_pos, q_gen, offset, w), cache
+            )
 
             rows = live[:, None].expand_as(order)[q_valid]  # (n,) the valid queries' rows and slots
             slots = order[q_valid]

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, stack_examples
+from hpd_core import masks
 from hpd_core.config import DecodeConfig
 from hpd_core.types import Attribute
 
@@ -142,7 +143,7 @@ def token_losses(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     hidden = body(
         input_ids=batch["input_ids"].to(device),
         position_ids=batch["position_ids"].to(device),
-        attention_mask=batch["attention_mask"].to(device),
+        attention_mask=_to(batch["attention_mask"], device),
         use_cache=False,
     ).last_hidden_state  # (B, T, H)
     labels = batch["labels"].to(device)
@@ -152,6 +153,16 @@ def token_losses(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     return F.cross_entropy(logits, labels[keep], reduction="none")
+
+
+def _to(mask, device):
+    """A mask, or a mapping of masks by layer type, on ``device``."""
+    return {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask.to(device)
+
+
+def collate_for(model, tokenizer, group: Sequence[Features]) -> dict:
+    """``collate`` with the model's pad id, mask dtype and per-layer attention windows."""
+    return collate(group, tokenizer.pad_token_id, mask_dtype(model), masks.layer_windows(model.config))
 
 
 def mask_dtype(model) -> torch.dtype:
@@ -171,7 +182,7 @@ def mean_loss(model, tokenizer, feats: Sequence[Features], batch_size: int) -> f
     model.eval()
     total, count = 0.0, 0
     for group in batches(feats, batch_size):
-        losses = token_losses(model, collate(group, tokenizer.pad_token_id, mask_dtype(model)))
+        losses = token_losses(model, collate_for(model, tokenizer, group))
         total += float(losses.sum())
         count += losses.numel()
     model.train(was_training)
@@ -208,7 +219,6 @@ def train(
     torch.manual_seed(config.seed)  # dropout
     val_examples = stack_examples(val_products, attributes, config.docs_per_prompt, random.Random(config.seed))
     val_feats = to_features(tokenizer, val_examples, config)
-    dtype = mask_dtype(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
@@ -240,7 +250,7 @@ def train(
             n_labels = sum(f.num_labels for b in group for f in b)
             step_loss = 0.0
             for b in group:
-                losses = token_losses(model, collate(b, tokenizer.pad_token_id, dtype))
+                losses = token_losses(model, collate_for(model, tokenizer, b))
                 loss = losses.sum() / n_labels
                 loss.backward()
                 step_loss += float(loss.detach())

@@ -44,6 +44,25 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def start_ids(tokenizer) -> list[int]:
+    """The ids the tokenizer's own encoding puts before any text (Gemma's ``<bos>``; nothing for
+    most chat models), read from its behaviour rather than a flag such as ``add_bos_token``."""
+    plain = encode(tokenizer, "a")
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):  # tokens after the text (an eos) are not ours
+        if full[start : start + len(plain)] == plain:
+            return full[:start]
+    raise ValueError(f"cannot find the text's own tokens {plain} in the tokenizer's encoding {full}")
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """A prompt's ids, starting as the tokenizer's own encoding starts a sequence (``start_ids``),
+    unless the text already begins with those tokens (a chat template that writes ``<bos>``)."""
+    ids = encode(tokenizer, text)
+    start = start_ids(tokenizer)
+    return ids if ids[: len(start)] == start else start + ids
+
+
 def build_layout(request: Request, tokenizer, max_value_tokens: int) -> Layout:
     segments = skeleton_segments(request)
     segments[0] = render_prompt(request, tokenizer) + segments[0]
@@ -51,8 +70,8 @@ def build_layout(request: Request, tokenizer, max_value_tokens: int) -> Layout:
     position_ids: list[int] = []
     anchor_index: list[int] = []
     offset = 0  # total gap inserted so far
-    for segment in segments:
-        ids = encode(tokenizer, segment)
+    for i, segment in enumerate(segments):
+        ids = encode_prompt(tokenizer, segment) if i == 0 else encode(tokenizer, segment)
         if not ids:
             raise ValueError(f"segment {segment!r} tokenized to nothing")
         start = len(input_ids)

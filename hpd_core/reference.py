@@ -1,7 +1,7 @@
 """The slow, obviously correct oracle for HPD: no KV cache, one request at a time.
 
 At every step it lays out the logically ordered sequence (each slot's key followed by the value
-tokens fed so far), runs one full forward with the training-view mask (masks.training_allowed) and
+tokens fed so far), runs one full forward with the training-view mask (masks.training_allowed, each layer's own window) and
 the full LM head, and reads each active slot's next token at its last token (its anchor at step 1).
 Stopping uses the character-level state machine directly (stopping.advance), not the token table.
 Cached HPD (engine.py) must produce the same tokens (fp32).
@@ -61,6 +61,7 @@ class ReferenceDecoder:
         self.device = model.get_output_embeddings().weight.device
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.special = set(tokenizer.all_special_ids)
+        self.windows = masks.layer_windows(model.config)
 
     def decode(self, requests: list[Request]) -> list[Result]:
         generator = make_generator(self.config, self.device)
@@ -72,8 +73,11 @@ class ReferenceDecoder:
         ids_t = torch.tensor([ids], device=self.device)
         pos_t = torch.tensor([pos], device=self.device)
         gen_t = torch.tensor([gen], device=self.device)
-        allowed = masks.training_allowed(pos_t, gen_t, torch.ones_like(ids_t, dtype=torch.bool))
-        out = self.model(input_ids=ids_t, position_ids=pos_t, attention_mask=masks.additive(allowed, self.dtype))
+        valid = torch.ones_like(ids_t, dtype=torch.bool)
+        mask = masks.for_layers(
+            self.windows, lambda w: masks.additive(masks.training_allowed(pos_t, gen_t, valid, w), self.dtype)
+        )
+        out = self.model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask, use_cache=False)
         return out.logits[0, last].float()
 
     @torch.inference_mode()

@@ -12,7 +12,10 @@ import torch
 from hpd_core.prompts import render_answer, render_instructions
 from hpd_core.types import Attribute, Product, Request
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3", "qwen3-swa", "mistral-swa"]
+# The last three have sliding-window layers with a window far smaller than the test layouts (whose
+# positions reach a few hundred): Gemma 3 and Qwen3 mix sliding and full layers, Mistral slides in all.
+TINY_WINDOW = 16
 WORDS = (
     "acme nike red blue cotton steel 500 ml pack of 12 women's men's size large small oz "
     "shoe sneaker loafer leather black/white \"quoted\" back\\slash ü café 10 D US"
@@ -81,11 +84,20 @@ def tiny_config(arch: str, vocab_size: int):
         tie_word_embeddings=False,
         initializer_range=0.2,  # larger than usual: decisive logits, no near-ties in argmax
     )
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3-swa", "gemma3"):
         common["head_dim"] = 8
     if arch in ("mistral", "qwen2", "qwen3"):
         common["sliding_window"] = None
-    return AutoConfig.for_model(arch, **common)
+    if arch == "qwen3-swa":
+        common.update(sliding_window=TINY_WINDOW, use_sliding_window=True, max_window_layers=1,
+                      layer_types=["full_attention", "sliding_attention"])
+    if arch == "mistral-swa":
+        common["sliding_window"] = TINY_WINDOW
+    if arch == "gemma3":
+        common.update(sliding_window=TINY_WINDOW, layer_types=["sliding_attention", "full_attention"],
+                      query_pre_attn_scalar=8)
+    model_type = {"gemma3": "gemma3_text", "qwen3-swa": "qwen3", "mistral-swa": "mistral"}.get(arch, arch)
+    return AutoConfig.for_model(model_type, **common)
 
 
 def tiny_model(arch: str, vocab_size: int, seed: int = 0, attention: str = "sdpa"):

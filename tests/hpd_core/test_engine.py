@@ -105,9 +105,13 @@ def test_cached_step_logits_equal_training_view(models, tokenizer, arch):
         fed = [g[:-1] for g in slots]
         ids, pos, gen, _ = logical_sequence(layout, fed)
         t = lambda x: torch.tensor([x])
-        allowed = masks.training_allowed(t(pos), t(gen), torch.ones(1, len(ids), dtype=torch.bool))
+        valid = torch.ones(1, len(ids), dtype=torch.bool)
+        mask = masks.for_layers(  # each layer's own rule (window or not)
+            masks.layer_windows(model.config),
+            lambda w: masks.additive(masks.training_allowed(t(pos), t(gen), valid, w), torch.float32),
+        )
         with torch.inference_mode():
-            logits = model(input_ids=t(ids), position_ids=t(pos), attention_mask=masks.additive(allowed, torch.float32)).logits[0]
+            logits = model(input_ids=t(ids), position_ids=t(pos), attention_mask=mask, use_cache=False).logits[0]
         for s, anchor in enumerate(layout.anchor_index):
             # index in the logical sequence of the anchor of slot s
             offset = sum(len(f) for f in fed[:s])
@@ -118,7 +122,7 @@ def test_cached_step_logits_equal_training_view(models, tokenizer, arch):
             assert result.extra["slot_tokens"][s] == slots[s]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_alone_equals_in_batch(models, tokenizer, arch):
     rng = random.Random(5)
     target = random_request(rng, 2, 3, 4)

@@ -41,27 +41,34 @@ def test_layout_tokens_are_prompt_and_skeleton(tokenizer):
     assert check_token_boundary(tokenizer, request)
 
 
-def _brute_inference(key_pos, key_valid, query_pos, offset):
+def _brute(key_pos, key_gen, key_valid, query_pos, query_gen, offset, window):
+    """DESIGN.md's rule spelled out one (query, key) pair at a time."""
     B, Q = query_pos.shape
     K = key_pos.shape[1]
     out = torch.zeros(B, Q, K, dtype=torch.bool)
     for b in range(B):
         for q in range(Q):
             for k in range(K):
-                out[b, q, k] = (bool(key_valid[b, k]) and key_pos[b, k] <= query_pos[b, q]) or k == offset + q
+                in_window = window is None or int(query_pos[b, q]) - int(key_pos[b, k]) < window
+                out[b, q, k] = (
+                    bool(key_valid[b, k])
+                    and key_pos[b, k] <= query_pos[b, q]
+                    and key_gen[b, k] <= query_gen[b, q]
+                    and in_window
+                ) or k == offset + q
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_inference_mask_matches_definition(data):
+def test_rule_matches_definition(data):
     B, C, Q = data.draw(st.integers(1, 3)), data.draw(st.integers(0, 8)), data.draw(st.integers(1, 5))
-    ints = st.integers(0, 30)
-    key_pos = torch.tensor(data.draw(st.lists(st.lists(ints, min_size=C + Q, max_size=C + Q), min_size=B, max_size=B)))
-    key_valid = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=C + Q, max_size=C + Q), min_size=B, max_size=B)))
-    query_pos = key_pos[:, C:]
-    got = masks.allowed(key_pos, key_valid, query_pos, C)
-    assert torch.equal(got, _brute_inference(key_pos, key_valid, query_pos, C))
+    grid = lambda values: torch.tensor(data.draw(st.lists(st.lists(values, min_size=C + Q, max_size=C + Q), min_size=B, max_size=B)))
+    key_pos, key_gen, key_valid = grid(st.integers(0, 30)), grid(st.integers(0, 3)), grid(st.booleans())
+    window = data.draw(st.one_of(st.none(), st.integers(1, 12)))
+    query_pos, query_gen = key_pos[:, C:], key_gen[:, C:]
+    got = masks.allowed(key_pos, key_gen, key_valid, query_pos, query_gen, C, window)
+    assert torch.equal(got, _brute(key_pos, key_gen, key_valid, query_pos, query_gen, C, window))
     assert got.any(-1).all()  # no query is fully masked
 
 
@@ -78,26 +85,34 @@ def test_training_mask_is_the_design_rule():
     assert sees["a1"] == {"P", "K1", "a1"}
     assert sees["b1"] == {"P", "K1", "a1", "K2", "b1"}  # token k' of an earlier slot iff k' <= k
     assert sees["b2"] == {"P", "K1", "a1", "a2", "K2", "b1", "b2"}
+    windowed = masks.training_allowed(torch.tensor([pos]), torch.tensor([gen]), torch.ones(1, 7, dtype=torch.bool), 12)[0]
+    assert {names[k] for k in range(7) if windowed[6, k]} == {"a2", "K2", "b1", "b2"}  # 14 - p < 12
 
 
-def test_step_masks_reproduce_training_mask(tokenizer):
-    """Simulate the cache: keys appended in feeding order; each query's allowed set, mapped to the
-    logical order, equals the training-view row of the same token."""
-    rng = random.Random(3)
-    layout = build_layout(random_request(rng, 2, 2), tokenizer, 4)
-    fed = [[rng.randrange(100) for _ in range(rng.randint(0, 3))] for _ in range(layout.num_slots)]
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), j=st.integers(1, 4), n=st.integers(1, 4), k_max=st.integers(1, 6),
+       window=st.one_of(st.none(), st.integers(1, 60)))
+def test_step_masks_reproduce_training_mask(tokenizer, seed, j, n, k_max, window):
+    """The two views of the one rule agree on random layouts: simulate the cache (keys appended in
+    feeding order: prompt, then step by step); each step query's allowed set, mapped to the logical
+    order, equals the training-view row of the same token, with and without a window."""
+    rng = random.Random(seed)
+    layout = build_layout(random_request(rng, j, n), tokenizer, k_max)
+    fed = [[rng.randrange(100) for _ in range(rng.randint(0, k_max - 1))] for _ in range(layout.num_slots)]
     from hpd_core.reference import logical_sequence
 
     _, pos, gen, _ = logical_sequence(layout, fed)
     T = len(pos)
-    train = masks.training_allowed(torch.tensor([pos]), torch.tensor([gen]), torch.ones(1, T, dtype=torch.bool))[0]
+    train = masks.training_allowed(torch.tensor([pos]), torch.tensor([gen]), torch.ones(1, T, dtype=torch.bool), window)[0]
     order = sorted(range(T), key=lambda i: (gen[i], pos[i]))  # memory order: prompt, then step by step
     mem_pos = torch.tensor([[pos[i] for i in order]])
+    mem_gen = torch.tensor([[gen[i] for i in order]])
     for step in range(max(gen) + 1):
         idx = [m for m, i in enumerate(order) if gen[i] == step]
         C = idx[0]
         keys = slice(0, C + len(idx))
-        got = masks.allowed(mem_pos[:, keys], torch.ones(1, C + len(idx), dtype=torch.bool), mem_pos[:, idx], C)[0]
+        present = torch.ones(1, C + len(idx), dtype=torch.bool)
+        got = masks.allowed(mem_pos[:, keys], mem_gen[:, keys], present, mem_pos[:, idx], mem_gen[:, idx], C, window)[0]
         for q, m in enumerate(idx):
             logical_q = order[m]
             expected = {order[k] for k in range(C + len(idx)) if got[q, k]}
@@ -113,3 +128,43 @@ def test_additive_mask_values():
 
 def test_encode_has_no_special_tokens(tokenizer):
     assert encode(tokenizer, "abc") == tokenizer("abc", add_special_tokens=False)["input_ids"]
+
+
+def _with_bos(tokenizer):
+    """The fixture tokenizer, but its own encoding starts every sequence with <eos> as a BOS (as
+    Gemma's does with <bos>), while its ``add_bos_token`` flag says nothing about it."""
+    import copy
+
+    from tokenizers import processors
+
+    tok = copy.deepcopy(tokenizer)
+    bos = tok.convert_tokens_to_ids("<eos>")
+    tok._tokenizer.post_processor = processors.TemplateProcessing(single="<eos> $A", special_tokens=[("<eos>", bos)])
+    return tok, bos
+
+
+def test_prompt_starts_as_the_tokenizers_own_encoding(tokenizer):
+    from hpd_core.layout import encode_prompt, start_ids
+
+    request = random_request(random.Random(4), 2, 2)
+    assert start_ids(tokenizer) == []
+    assert build_layout(request, tokenizer, 4).input_ids[0] != tokenizer.convert_tokens_to_ids("<eos>")
+    tok, bos = _with_bos(tokenizer)
+    assert tok("a")["input_ids"][0] == bos and start_ids(tok) == [bos]
+    layout = build_layout(request, tok, 4)
+    assert layout.input_ids[0] == bos and layout.input_ids[1] != bos
+    assert list(layout.input_ids[1:]) == list(build_layout(request, tokenizer, 4).input_ids)
+    assert encode_prompt(tok, "<eos>abc") == encode(tok, "<eos>abc")  # already there: not doubled
+
+
+def test_baseline_and_training_prompts_start_with_bos_too(models, tokenizer):
+    from hpd_core.autoregressive import AutoregressiveDecoder
+    from hpd_core.collate import Example, ar_features, hpd_features
+    from hpd_core.config import DecodeConfig
+
+    tok, bos = _with_bos(tokenizer)
+    request = random_request(random.Random(5), 2, 2)
+    example = Example(request, tuple((None, "red") for _ in request.products))
+    assert hpd_features(tok, example, 4).input_ids[0] == bos
+    assert ar_features(tok, example).input_ids[0] == bos
+    assert AutoregressiveDecoder(models["llama"], tok, DecodeConfig()).prompt_ids(request)[0] == bos
