@@ -73,13 +73,19 @@ def stack_examples(
     attributes: dict[str, tuple[Attribute, ...]],
     docs_per_prompt: int,
     rng: random.Random,
+    max_docs_per_prompt: int | None = None,
 ) -> list[Example]:
-    """Group products by category, shuffle within each, cut into prompts of ``docs_per_prompt``.
+    """Group products by category, shuffle within each, cut into prompts of ``docs_per_prompt``,
+    or, with ``max_docs_per_prompt``, of a J drawn uniformly from docs_per_prompt..max per prompt
+    (a mix of J teaches the model where a product ends, whatever J extraction uses).
 
     Categories keep their order of first appearance; the last prompt of a category may be smaller.
     """
     if docs_per_prompt < 1:
         raise ValueError(f"docs_per_prompt must be >= 1, got {docs_per_prompt}")
+    top = max_docs_per_prompt or docs_per_prompt
+    if top < docs_per_prompt:
+        raise ValueError(f"max_docs_per_prompt {top} is below docs_per_prompt {docs_per_prompt}")
     by_category: dict[str, list[Labeled]] = {}
     for item in products:
         by_category.setdefault(item.category, []).append(item)
@@ -88,8 +94,11 @@ def stack_examples(
         items = list(items)
         rng.shuffle(items)
         attrs = attributes[category]
-        for start in range(0, len(items), docs_per_prompt):
-            chunk = items[start : start + docs_per_prompt]
+        start = 0
+        while start < len(items):
+            size = docs_per_prompt if top == docs_per_prompt else rng.randint(docs_per_prompt, top)
+            chunk = items[start : start + size]
+            start += size
             for item in chunk:
                 if len(item.values) != len(attrs):
                     raise ValueError(
@@ -110,9 +119,9 @@ def value_tokens(tokenizer, example: Example) -> list[list[int]]:
     ]
 
 
-def hpd_features(tokenizer, example: Example, k_max: int) -> Features:
+def hpd_features(tokenizer, example: Example, k_max: int, skeleton: str = "after-products") -> Features:
     """The training view of one prompt, labels on every value token (see module doc)."""
-    layout = build_layout(example.request, tokenizer, k_max)
+    layout = build_layout(example.request, tokenizer, k_max, skeleton)
     full = value_tokens(tokenizer, example)
     gold = [tokens[:k_max] for tokens in full]  # what the engine produces before cutting
     fed = [tokens[:-1] for tokens in gold]  # the final token of a slot is never fed
@@ -142,9 +151,9 @@ def ar_features(tokenizer, example: Example) -> Features:
     return Features(tuple(ids), tuple(range(len(ids))), (0,) * len(ids), tuple(labels))
 
 
-def features(tokenizer, example: Example, decoder: str, k_max: int) -> Features:
+def features(tokenizer, example: Example, decoder: str, k_max: int, skeleton: str = "after-products") -> Features:
     if decoder == "hpd":
-        return hpd_features(tokenizer, example, k_max)
+        return hpd_features(tokenizer, example, k_max, skeleton)
     if decoder == "ar":
         return ar_features(tokenizer, example)
     raise ValueError(f"decoder must be 'hpd' or 'ar' for fine-tuning, got {decoder!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DECODERS = ("hpd", "ar", "reference")
+SKELETONS = ("interleaved", "after-products")  # where HPD's keys go (prompts.skeleton_segments)
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct + the shipped HPD LoRA adapter, see models.py
@@ -19,12 +20,16 @@ class DecodeConfig:
     batch_token_budget: a batch holds prompts while  rows x (longest prompt + K_max x most slots)
         stays within this many tokens (the size of the KV cache the batch can reach).
     max_batch_size: at most this many prompts per batch, whatever the budget.
+    skeleton: where HPD's keys go: "after-products" (the skeleton follows all J products of the
+        prompt) or "interleaved" (each product's text is followed by its own keys). The model must be
+        used with the skeleton it was fine-tuned on. The baseline always writes the whole answer.
     temperature: 0 is greedy; > 0 samples (with top_p) from a generator seeded with ``seed``.
     """
 
     max_value_tokens: int = 30
     batch_token_budget: int = 65536
     max_batch_size: int = 64
+    skeleton: str = "after-products"
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
@@ -36,6 +41,8 @@ class DecodeConfig:
             raise ValueError(f"batch_token_budget must be >= 1, got {self.batch_token_budget}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.skeleton not in SKELETONS:
+            raise ValueError(f"skeleton must be one of {SKELETONS}, got {self.skeleton!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -80,7 +80,8 @@ class HPDDecoder:
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.runner.device)
 
     def layouts(self, requests: list[Request]) -> list[Layout]:
-        return [build_layout(r, self.tokenizer, self.config.max_value_tokens) for r in requests]
+        cfg = self.config
+        return [build_layout(r, self.tokenizer, cfg.max_value_tokens, cfg.skeleton) for r in requests]
 
     def batch_plan(self, layouts: list[Layout]) -> list[list[int]]:
         """Indices of ``layouts`` grouped into the batches ``decode`` runs (batching.plan_batches)."""

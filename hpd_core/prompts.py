@@ -32,9 +32,14 @@ Analyze each input product below (category: {category}) and extract all of the a
 Output a JSON dict with a key for each input product ID, and a nested dict with a key for each attribute (use the attribute name) and the extracted value.
 Copy each value exactly as it appears in the product text. Write null if the value of an attribute is not in the product information.
 
-Input products:
-
 {products}"""
+
+PRODUCTS_IN_PROMPT = "Input products:\n\n{products}"
+PRODUCTS_IN_ANSWER = (
+    "The input products follow in the answer: each product's \"product\" entry, then its attributes."
+)
+PRODUCT_KEY = "product"  # the key of a product's own text in the interleaved skeleton
+SKELETONS = ("interleaved", "after-products")
 
 PLAIN_ANSWER_PREFIX = "\n\nAnswer:\n"  # used when the tokenizer has no chat template
 INDENT = "  "
@@ -42,29 +47,44 @@ TERMINATORS = ",\n}"  # characters that end a JSON value in the answer
 
 
 def _product_json(request: Request, j: int) -> str:
+    return f"{json.dumps(str(j + 1))}: {_product_fields(request, j)}"
+
+
+def _product_fields(request: Request, j: int) -> str:
     product = request.products[j]
     fields: dict[str, object] = {"title": product.title}
     if product.description:
         fields["description"] = product.description
     if product.features:
         fields["features"] = list(product.features)
-    return f"{json.dumps(str(j + 1))}: {json.dumps(fields, ensure_ascii=False)}"
+    return json.dumps(fields, ensure_ascii=False)
 
 
-def render_instructions(request: Request) -> str:
-    """The user message: instructions, attribute list and the J products."""
+def _check_skeleton(skeleton: str) -> None:
+    if skeleton not in SKELETONS:
+        raise ValueError(f"skeleton must be one of {SKELETONS}, got {skeleton!r}")
+
+
+def render_instructions(request: Request, skeleton: str = "after-products") -> str:
+    """The user message: instructions, attribute list and, unless the skeleton interleaves them
+    with the keys, the J products."""
+    _check_skeleton(skeleton)
     attributes = "\n".join(
         f"- {json.dumps(a.name, ensure_ascii=False)}" + (f": {a.description}" if a.description else "")
         for a in request.attributes
     )
-    products = "\n".join(_product_json(request, j) for j in range(len(request.products)))
+    if skeleton == "interleaved":
+        products = PRODUCTS_IN_ANSWER
+    else:
+        listing = "\n".join(_product_json(request, j) for j in range(len(request.products)))
+        products = PRODUCTS_IN_PROMPT.format(products=listing)
     category = json.dumps(request.category, ensure_ascii=False)
     return INSTRUCTIONS.format(attributes=attributes, category=category, products=products)
 
 
-def render_prompt(request: Request, tokenizer) -> str:
+def render_prompt(request: Request, tokenizer, skeleton: str = "after-products") -> str:
     """Prompt text up to where the answer starts (chat template with the assistant turn open)."""
-    user = render_instructions(request)
+    user = render_instructions(request, skeleton)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=False
@@ -76,17 +96,22 @@ def _key(name: str) -> str:
     return json.dumps(name, ensure_ascii=False) + ":"
 
 
-def skeleton_segments(request: Request) -> list[str]:
+def skeleton_segments(request: Request, skeleton: str = "after-products") -> list[str]:
     """Skeleton text split into one segment per slot (slot order: product-major, then attribute).
 
-    Segment 0 starts the answer; the prompt is prepended by the caller.
+    Segment 0 starts the answer; the prompt is prepended by the caller. With ``interleaved``, each
+    product object opens with the product's own text (``"product": {...}``) right before its keys,
+    so its values sit next to their text in positions; with ``after-products`` the products are in
+    the prompt and the skeleton holds keys only.
     """
+    _check_skeleton(skeleton)
     segments = []
     for j in range(len(request.products)):
         for n, attribute in enumerate(request.attributes):
             if n == 0:
                 opener = "{\n" if j == 0 else f"{INDENT}}},\n"
-                text = f"{opener}{INDENT}{json.dumps(str(j + 1))}: {{\n{INDENT * 2}{_key(attribute.name)}"
+                own = f"{INDENT * 2}{_key(PRODUCT_KEY)} {_product_fields(request, j)},\n" if skeleton == "interleaved" else ""
+                text = f"{opener}{INDENT}{json.dumps(str(j + 1))}: {{\n{own}{INDENT * 2}{_key(attribute.name)}"
             else:
                 text = f"\n{INDENT * 2}{_key(attribute.name)}"
             segments.append(text)

@@ -83,7 +83,7 @@ class ReferenceDecoder:
     @torch.inference_mode()
     def decode_one(self, request: Request, generator=None) -> Result:
         K = self.config.max_value_tokens
-        layout = build_layout(request, self.tokenizer, K)
+        layout = build_layout(request, self.tokenizer, K, self.config.skeleton)
         S = layout.num_slots
         generated: list[list[int]] = [[] for _ in range(S)]
         fed: list[list[int]] = [[] for _ in range(S)]

@@ -18,7 +18,7 @@ from hpd_core.autoregressive import AutoregressiveDecoder
 from hpd_core.collate import IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, value_tokens
 from hpd_core.config import DecodeConfig, ModelConfig
 from hpd_core.engine import HPDDecoder
-from hpd_core.finetune import TrainConfig, mean_loss, prepare_model, save, token_losses, train
+from hpd_core.finetune import TrainConfig, collate_for, mean_loss, prepare_model, save, token_losses, train
 from hpd_core.layout import build_layout
 from hpd_core.models import load_model
 from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
@@ -50,7 +50,9 @@ def random_examples(seed: int, n: int) -> list[Example]:
 
 def collator_losses(model, tokenizer, feats) -> torch.Tensor:
     """Plain model forward with the collator's ids, positions and 4D mask; CE at label positions."""
-    batch = collate(feats, tokenizer.pad_token_id)
+    from hpd_core import masks
+
+    batch = collate(feats, tokenizer.pad_token_id, windows=masks.layer_windows(model.config))
     with torch.no_grad():
         logits = model(
             input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
@@ -87,7 +89,7 @@ def test_collator_loss_equals_engine_step_logits_loss(models, tokenizer, arch):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     # the training path (body + LM head on label positions only) gives the same losses
     with torch.no_grad():
-        trained = token_losses(model, collate(feats, tokenizer.pad_token_id))
+        trained = token_losses(model, collate_for(model, tokenizer, feats))
     torch.testing.assert_close(trained, expected, atol=1e-5, rtol=0)
     # one example alone equals the same example inside the padded batch
     alone = collator_losses(model, tokenizer, feats[1:2])
@@ -220,7 +222,10 @@ def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
     products, attrs = labeled_products(2)
     config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, full=True, lr=1e-3, grad_accum=1, max_steps=2)
     model = prepare_model(tiny_model("llama", len(tokenizer)), config)
-    assert all(p.requires_grad for p in model.parameters())
+    embeddings = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    assert all(p.requires_grad == (id(p) not in embeddings) for p in model.parameters())  # the body only
+    everything = prepare_model(tiny_model("llama", len(tokenizer)), dataclasses.replace(config, train_embeddings=True))
+    assert all(p.requires_grad for p in everything.parameters())
     train(model, tokenizer, products, [], attrs, config)
     save(model, tokenizer, tmp_path / "full", full=True)
     loaded, _ = load_model(ModelConfig(name=str(tmp_path / "full")))
@@ -231,8 +236,52 @@ def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(decoder="reference"), dict(docs_per_prompt=0), dict(max_value_tokens=0), dict(lr=0.0), dict(max_steps=0)],
+    [dict(decoder="reference"), dict(docs_per_prompt=0), dict(max_value_tokens=0), dict(lr=0.0), dict(max_steps=0),
+     dict(max_docs_per_prompt=1), dict(skeleton="sideways"), dict(autocast="float8"), dict(checkpoint_minutes=0)],
 )
 def test_train_config_validation(kwargs):
     with pytest.raises(ValueError):
         TrainConfig(**{"docs_per_prompt": 2, **kwargs})
+
+
+def _resume_run(tokenizer, tmp_path, config, stop_after):
+    """Train a fresh tiny model; with ``stop_after``, stop there and resume in a new process-like
+    setting (a new model object, optimizer and data order rebuilt from the checkpoint)."""
+    products, attributes = labeled_products(24)
+    val = products[:4]
+
+    def fresh():
+        return prepare_model(tiny_model("llama", len(tokenizer), seed=1), config)
+
+    model = fresh()
+    report = train(model, tokenizer, products, val, attributes, config, tmp_path, stop_after_steps=stop_after)
+    if stop_after is not None:
+        assert report.steps == stop_after
+        model = fresh()  # the interrupted process is gone: only the checkpoint survives
+        report = train(model, tokenizer, products, val, attributes, config, tmp_path, resume=True)
+    return model, report
+
+
+@pytest.mark.parametrize("where", ["epoch 0", "epoch end", "epoch 1"])
+def test_resume_equals_uninterrupted_run(tokenizer, tmp_path, where):
+    config = TrainConfig(docs_per_prompt=1, max_docs_per_prompt=3, max_value_tokens=K_MAX, epochs=2, grad_accum=2,
+                         lora_rank=4, lr=1e-3, log_every=100)
+    whole, whole_report = _resume_run(tokenizer, tmp_path / "a", config, None)
+    per_epoch = whole_report.steps_per_epoch
+    assert per_epoch >= 3
+    stop_after = {"epoch 0": 2, "epoch end": per_epoch, "epoch 1": per_epoch + 1}[where]
+    resumed, resumed_report = _resume_run(tokenizer, tmp_path / "b", config, stop_after)
+    assert resumed_report.steps == whole_report.steps
+    assert resumed_report.train_losses == whole_report.train_losses
+    assert resumed_report.val_losses == whole_report.val_losses
+    a, b = dict(whole.named_parameters()), dict(resumed.named_parameters())
+    trained = [n for n, p in a.items() if p.requires_grad]
+    assert trained and all(torch.equal(a[n], b[n]) for n in trained)
+
+
+def test_mixed_j_stacks_every_size_in_range():
+    products, attributes = labeled_products(200)
+    examples = stack_examples(products, attributes, 1, random.Random(0), max_docs_per_prompt=8)
+    sizes = {len(e.request.products) for e in examples}
+    assert {1, 2, 7, 8} <= sizes and max(sizes) == 8
+    assert sum(len(e.request.products) for e in examples) == len(products)
