@@ -502,8 +502,7 @@ def test_extract_commands_parse_with_the_cli(capsys):
     from jobs.cli import build_parser
 
     parser, modules = build_parser()
-    if "extract" not in modules:
-        pytest.skip("`hpd extract` is not registered in jobs/cli.py yet (jobs/extract.py missing)")
+    assert "extract" in modules, "`hpd extract` is not registered in jobs/cli.py"
     for where, tokens in extract_commands():
         assert tokens[:2] == ["hpd", "extract"], where
         try:

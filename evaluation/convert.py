@@ -20,12 +20,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.storage import read_jsonl
+from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE, validate_target_scores
+from datafiles.storage import read_jsonl
 
 FORMATS = ("extractgpt",)
-RECORDS_FILE = "records.jsonl"
-ATTRIBUTES_FILE = "attributes.json"
-GOLD_FILE = "gold.jsonl"
 
 
 @dataclass(frozen=True)
@@ -54,21 +52,6 @@ class Converted:
     records: list[dict]
     attributes: dict[str, list[str]]
     gold: list[dict]
-
-
-def validate_target_scores(target_scores: object, where: str) -> dict[str, dict[str, object]]:
-    """Check ``{attribute: {value: score, ...}}`` with non-empty names; return it unchanged."""
-    if not isinstance(target_scores, dict):
-        raise ValueError(f"{where}: 'target_scores' must be an object, got {type(target_scores).__name__}")
-    for attribute, values in target_scores.items():
-        if not attribute.strip():
-            raise ValueError(f"{where}: empty attribute name in 'target_scores'")
-        if not isinstance(values, dict) or not values:
-            raise ValueError(
-                f"{where}: target_scores[{attribute!r}] must be a non-empty object like {{\"value\": 1}} "
-                f"(use {{\"n/a\": 1}} for no value), got {values!r}"
-            )
-    return target_scores
 
 
 def default_names(source: Path) -> tuple[str, str]:
