@@ -15,7 +15,7 @@ import sys
 SUBCOMMANDS = {
     "extract": ("jobs.extract", "run the extraction job (Ray Data) from records to attribute Parquet"),
     "evaluate": ("jobs.evaluate", "score predictions against gold (ExtractGPT metric + strict)"),
-    "convert": ("evaluation.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold"),
+    "convert": ("jobs.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold"),
     "bench": ("jobs.bench", "throughput benchmark: baseline vs HPD side by side"),
     "finetune": ("jobs.finetune", "HPD-aligned (or baseline) LoRA fine-tuning / distillation"),
 }
