@@ -452,7 +452,7 @@ def test_dockerfile_base_image_matches_ray_and_python():
     assert re.search(r"^ARG RAY_VERSION=(\S+)$", text, re.M).group(1) == ray_version()
     assert re.search(r"^FROM rayproject/ray:\$\{RAY_VERSION\}-py311-gpu$", text, re.M)
     ignore = (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().split()
-    for needed in ["!pyproject.toml", "!hpd_core/", "!pipelines/", "!jobs/"]:
+    for needed in ["!pyproject.toml", "!hpd_core/", "!pipelines/", "!datafiles/", "!evaluation/", "!bench/", "!training/", "!jobs/"]:
         assert needed in ignore, f"{needed} missing from Dockerfile.dockerignore: pip install . needs it"
 
 
