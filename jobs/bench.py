@@ -10,12 +10,12 @@ Protocol: the model is loaded once and shared (with ``--baseline-adapter`` other
 and compute). Each decoder first decodes a short warm-up (the first requests; AR, then HPD), then
 the whole workload ``--repeats`` times, alternating which decoder goes first; a decoder's time is
 the median of its repeats, each taken with ``time.perf_counter`` around the whole ``decode`` call
-(tokenization and batching included, device synchronised). Passes and memory: jobs/bench_measure.py.
+(tokenization and batching included, device synchronised). Passes and memory: bench/measure.py.
 
 Records mode decodes for real (greedy, real stopping), or with ``--baseline-lengths matched`` makes
 the baseline generate exactly the answer that has HPD's value lengths (same output size, so only
 the decoding cost differs). Synthetic mode fixes every value's length for both decoders alike
-(jobs/workload.py): HPD is teacher-forced, the baseline generates exactly the answer's token count.
+(bench/workload.py): HPD is teacher-forced, the baseline generates exactly the answer's token count.
 ``--baseline-docs-per-prompt 1`` gives the paper's baseline (AR, one product per prompt) next to
 HPD at J > 1. Output: ``DIR/bench.json`` and ``DIR/bench.md`` (a sweep: ``sweep.json``,
 ``sweep.md``, ``sweep.png``); the last stdout line is one JSON object with both decoders'
@@ -26,25 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
+from bench.decoders import make_decoders
+from bench.measure import TimingConfig, pass_counters
+from bench.model import RANDOM_ARCHS, load
+from bench.report import report_header
+from bench.single import build_workload, run_single
+from bench.sweep import run_sweep
+from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
 from hpd_core.config import ATTENTION, DTYPES, DecodeConfig
-from jobs.bench_compare import DECODER_ORDER, compare, prefill_limit
-from jobs.bench_decoders import decode, make_decoders
-from jobs.bench_measure import PassCounter, TimingConfig, matmul_flops, pass_counters
-from jobs.bench_model import RANDOM_ARCHS, load
-from jobs.bench_report import load_average, report_header, write_json
-from jobs.bench_sweep import run_sweep
-from jobs.workload import (
-    VALUE_LENGTH_DISTS,
-    SyntheticSpec,
-    Workload,
-    matched_baseline,
-    records_workload,
-    synthetic_workload,
-)
 
 
 def _ints(text: str) -> list[int]:
@@ -109,23 +101,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="writes bench.json + bench.md (sweep: sweep.*)")
 
 
-def build_workload(args: argparse.Namespace, tokenizer, decode_cfg: DecodeConfig, docs_per_prompt: int) -> Workload:
-    """The command line's workload (records or synthetic) stacked at ``docs_per_prompt``."""
-    if args.synthetic:
-        spec = SyntheticSpec(
-            num_products=args.num_products,
-            product_tokens=args.product_tokens,
-            attributes_per_product=args.attributes_per_product,
-            value_tokens_max=args.value_tokens_max,
-            value_length_dist=args.value_length_dist,
-            value_length_mean=args.value_length_mean,
-            docs_per_prompt=docs_per_prompt,
-            seed=args.seed,
-        )
-        return synthetic_workload(spec, tokenizer, decode_cfg.max_value_tokens)
-    return records_workload(args.records, args.attributes, docs_per_prompt, args.limit, args.limit_per_category)
-
-
 def check_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that make no sense, before anything is loaded."""
     if bool(args.synthetic) == bool(args.records):
@@ -175,52 +150,3 @@ def run(args: argparse.Namespace) -> int:
             summary = run_single(args, tokenizer, decoders, decode_cfg, counters, timing, report, out)
     print(json.dumps(summary))
     return 0
-
-
-def run_single(
-    args: argparse.Namespace,
-    tokenizer,
-    decoders: dict,
-    decode_cfg: DecodeConfig,
-    counters: dict[str, PassCounter],
-    timing: TimingConfig,
-    report: dict,
-    out: Path,
-) -> dict:
-    """One comparison at the command line's J: writes bench.json and bench.md, returns the stdout summary."""
-    from jobs.plot import bench_markdown
-
-    workload = build_workload(args, tokenizer, decode_cfg, args.docs_per_prompt)
-    base_J = args.baseline_docs_per_prompt or args.docs_per_prompt
-    baseline = workload if base_J == args.docs_per_prompt else build_workload(args, tokenizer, decode_cfg, base_J)
-    if args.baseline_lengths == "matched":
-        lengths = {
-            (p.product_id, a.name): len(tokens)
-            for r in decode("hpd", decoders["hpd"], workload)
-            for (p, a, _), tokens in zip(r.items(), r.extra["slot_tokens"])
-        }
-        baseline = matched_baseline(baseline, lengths, tokenizer, decode_cfg.max_value_tokens)
-    result = compare(decoders, {"ar": baseline, "hpd": workload}, args.device, counters, timing)
-    flops = matmul_flops(args.device, args.dtype, timing.matmul_size)
-    speedup = result["hpd"]["products_per_s"] / result["ar"]["products_per_s"]
-    speedup_cpu = result["hpd"]["products_per_cpu_s"] / result["ar"]["products_per_cpu_s"]
-    from_baseline = {k: baseline.info[k] for k in ("baseline_lengths", "answer_tokens_mean_per_product") if k in baseline.info}
-    report.update(
-        workload={"kind": workload.kind, "fixed_lengths": workload.fixed_lengths, "requests": len(workload.requests),
-                  **workload.info, **from_baseline},  # fmt: skip
-        baseline_docs_per_prompt=base_J,
-        baseline_lengths=args.baseline_lengths,
-        ar=result["ar"],
-        hpd=result["hpd"],
-        speedup=speedup,
-        speedup_cpu_time=speedup_cpu,
-        agreement=result.get("agreement"),
-        prefill_limit={"matmul_flops_per_s": flops, **{n: prefill_limit(flops, report["model"], result[n]) for n in DECODER_ORDER}},
-    )
-    report["machine"]["load_average_end"] = load_average()
-    write_json(out / "bench.json", report)
-    (out / "bench.md").write_text(bench_markdown(report))
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}", file=sys.stderr)
-    return {n: {"products_per_s": result[n]["products_per_s"]} for n in DECODER_ORDER} | {
-        "speedup": speedup, "speedup_cpu_time": speedup_cpu
-    }

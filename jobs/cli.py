@@ -1,4 +1,4 @@
-"""`hpd` command line: one subcommand per module in jobs/, imported only when it runs.
+"""`hpd` command line: one subcommand per module in jobs/.
 
 Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. Heavy imports
 (torch, transformers, ray) happen inside ``run`` so that ``hpd --help`` starts instantly.
@@ -26,12 +26,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue  # subcommand not built yet
+        module = importlib.import_module(module_name)  # a module that fails to import fails `hpd` itself
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sub_parser)
         modules[name] = module

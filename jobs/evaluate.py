@@ -3,10 +3,10 @@
 Two modes:
 
 - ``hpd evaluate --predictions URI --gold gold.jsonl [--attributes attributes.json]`` reads
-  ``URI/attributes/`` (the extraction job's Parquet, see ``jobs.predictions``), local or
+  ``URI/attributes/`` (the extraction job's Parquet, see ``datafiles.predictions``), local or
   ``s3://bucket/prefix``, joins it to the gold of ``hpd convert`` by product_id (see
-  ``jobs.scoring``), prints one JSON summary as the last stdout line and writes
-  ``URI/_evaluation.json`` and ``URI/_evaluation.md`` (see ``jobs.evaluation_report``).
+  ``evaluation.scoring``), prints one JSON summary as the last stdout line and writes
+  ``URI/_evaluation.json`` and ``URI/_evaluation.md`` (see ``evaluation.report``).
 - ``hpd evaluate --extractgpt-run RUN.gz`` recomputes a stored ExtractGPT run and checks it
   against the run's stored ``results``; exit status 1 when they differ.
 
@@ -18,40 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from jobs.convert import validate_target_scores
-from jobs.metrics import GoldExample
-from jobs.predictions import read_predictions
-from jobs.evaluation_report import write_reports
-from jobs.scoring import evaluate, evaluate_extractgpt_run
-from jobs.storage import read_jsonl, read_text
-
-
-def read_gold(uri: str) -> list[GoldExample]:
-    """gold.jsonl of ``hpd convert``: ``{"product_id", "category", "target_scores"}`` per line."""
-    examples: list[GoldExample] = []
-    seen: set[str] = set()
-    for number, row in read_jsonl(uri):
-        where = f"{uri} line {number}"
-        for key in ("product_id", "category"):
-            if not isinstance(row.get(key), str) or not row[key]:
-                raise ValueError(f"{where}: '{key}' must be a non-empty string (is this a gold.jsonl from hpd convert?)")
-        if row["product_id"] in seen:
-            raise ValueError(f"{where}: duplicate product_id {row['product_id']!r}")
-        seen.add(row["product_id"])
-        target_scores = validate_target_scores(row.get("target_scores"), where)
-        examples.append(GoldExample(row["product_id"], row["category"], target_scores))
-    if not examples:
-        raise ValueError(f"{uri}: no gold rows")
-    return examples
-
-
-def read_attributes(uri: str) -> dict[str, list[str]]:
-    """category -> attribute names, from an attribute schema file (local or s3://) in the formats
-    the extraction job reads (``pipelines.schema``)."""
-    from pipelines.schema import schema_from_text
-
-    schema = schema_from_text(read_text(uri), uri)
-    return {category: [a.name for a in attributes] for category, attributes in schema.categories.items()}
+from datafiles.dataset import read_attributes, read_gold
+from datafiles.predictions import read_predictions
+from evaluation.report import write_reports
+from evaluation.scoring import evaluate, evaluate_extractgpt_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hpd_core import finetune
     from hpd_core.models import load_model
-    from jobs import gold
+    from training import data as gold
 
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
     config = finetune.TrainConfig(docs_per_prompt=args.docs_per_prompt, max_value_tokens=args.max_value_tokens, **options)

@@ -23,14 +23,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE, read_gold
+from datafiles.predictions import attribute_files, read_columns
+from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
 from hpd_core.types import Attribute
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
-
-from jobs.convert import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE
-from jobs.evaluate import read_gold
-from jobs.predictions import attribute_files, read_columns
-from jobs.storage import read_json_lines
 
 NULL_GOLD = "n/a"
 

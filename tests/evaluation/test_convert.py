@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main
-from jobs.convert import ConvertConfig, default_names, read_extractgpt
+from evaluation.convert import ConvertConfig, default_names, read_extractgpt
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 OA_MINE_TEST = SHARED / "data" / "oa-mine" / "test.jsonl"

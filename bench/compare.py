@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import statistics
 
-from jobs.bench_decoders import decode
-from jobs.bench_measure import PassCounter, TimingConfig, timed
-from jobs.workload import Workload
+from bench.decoders import decode
+from bench.measure import PassCounter, TimingConfig, timed
+from bench.workload import Workload
 
 DECODER_ORDER = ("ar", "hpd")
 

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from jobs.bench_compare import compare
-from jobs.bench_measure import PassCounter, TimingConfig
-from jobs.bench_report import write_json
-from jobs.workload import Workload
+from bench.compare import compare
+from bench.measure import PassCounter, TimingConfig
+from bench.report import write_json
+from bench.workload import Workload
 
 
 def run_sweep(
@@ -28,7 +28,7 @@ def run_sweep(
     ``workloads[J]`` holds every J in ``docs`` and 1; ``decoders_at(B)`` gives decoders with at
     most B prompts per batch. The headline speedup of a cell is over the best baseline (the
     paper's AR uses its best batch)."""
-    from jobs.plot import plot_sweep, sweep_markdown
+    from bench.plot import plot_sweep, sweep_markdown
 
     baseline, cells = {}, {}
     first = True

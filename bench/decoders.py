@@ -4,7 +4,7 @@ that decodes a workload with either."""
 from __future__ import annotations
 
 from hpd_core.config import DecodeConfig
-from jobs.workload import Workload
+from bench.workload import Workload
 
 
 def model_label(name: str, adapter: str | None) -> str:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs import gold
 from jobs.cli import main
 from jobs.finetune import CONFIG_FILE, split
+from training import data as gold
 
 ATTRIBUTES = {"Shoes": ["Brand", "Color", "Size"], "Food": ["Brand", "Flavor"]}
 TITLES = [

@@ -1,5 +1,5 @@
 """`hpd bench` report: what every bench.json / sweep.json starts with (command, arguments, machine,
-model, settings), and writing it. The Markdown and the plot are rendered by jobs/plot.py."""
+model, settings), and writing it. The Markdown and the plot are rendered by bench/plot.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hpd_core.config import DecodeConfig
-from jobs.bench_measure import TimingConfig
+from bench.measure import TimingConfig
 
 
 def command_line() -> str | None:

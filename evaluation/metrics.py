@@ -38,18 +38,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from datafiles.dataset import GoldExample
+
 NULL_PREDICTIONS = ("n/a", "None")  # string predictions that mean "no value"
 GOLD_NULL = "n/a"  # gold key that means "no value"
 OUTCOMES = ("nn", "nv", "vn", "vc", "vw")
-
-
-@dataclass(frozen=True)
-class GoldExample:
-    """One gold product: ``target_scores`` maps attribute -> {acceptable value: 1}."""
-
-    product_id: str
-    category: str
-    target_scores: Mapping[str, Mapping[str, object]]
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from jobs.convert import validate_target_scores
-from jobs.metrics import GoldExample, MetricReport, extractgpt_metric, parse_extractgpt_prediction, strict_metric
-from jobs.predictions import Predictions
-from jobs.storage import read_text
+from datafiles.dataset import GoldExample, validate_target_scores
+from datafiles.predictions import Predictions
+from datafiles.storage import read_text
+from evaluation.metrics import MetricReport, extractgpt_metric, parse_extractgpt_prediction, strict_metric
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,11 @@ No torch import here.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
+from datafiles.dataset import read_attributes, read_records
 from hpd_core.layout import build_layout, encode
 from hpd_core.prompts import answer_prefix, render_prompt, value_suffix
 from hpd_core.types import Attribute, Product, Request
@@ -112,28 +111,6 @@ class Workload:
 # --- records ---------------------------------------------------------------------------------
 
 
-def read_records(path: str | Path, limit: int | None = None) -> list[dict]:
-    """``records.jsonl`` rows (the first ``limit``); errors name the 1-based line."""
-    rows: list[dict] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not valid JSON ({err})") from err
-            for key in ("product_id", "category", "title"):
-                if not isinstance(row.get(key), str) or not row[key]:
-                    raise ValueError(f"{path} line {number}: '{key}' must be a non-empty string")
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no records")
-    return rows
-
-
 def stack(products: list[tuple[str, Product]], schema: dict[str, list[str]], docs_per_prompt: int) -> list[Request]:
     """(category, product) pairs -> requests of up to J products of one category, in first-seen order."""
     if docs_per_prompt < 1:
@@ -158,8 +135,6 @@ def records_workload(
 ) -> Workload:
     """Records in file order: the first ``limit``, and of those the first ``per_category`` of each
     category (a small sample that still covers every category)."""
-    from jobs.evaluate import read_attributes
-
     for name, value in (("limit", limit), ("per_category", per_category)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")

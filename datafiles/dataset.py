@@ -1,0 +1,99 @@
+"""The benchmark's dataset files, as `hpd convert` writes them, and the attribute schema.
+
+- ``records.jsonl`` (``read_records``): ``{product_id, category, title, description?, features?}``
+  per line, the input rows of ``hpd extract``.
+- ``attributes.json`` (``read_attributes``): category -> attribute names, in any format the
+  extraction job reads (``pipelines.schema``), local or ``s3://``.
+- ``gold.jsonl`` (``read_gold``): ``{product_id, category, target_scores}`` per line, the gold of
+  ``hpd evaluate`` and of ``hpd finetune``; ``target_scores`` is checked by
+  ``validate_target_scores``.
+
+Errors are ``ValueError``s that name the file and the 1-based line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from datafiles.storage import read_jsonl, read_text
+
+RECORDS_FILE = "records.jsonl"
+ATTRIBUTES_FILE = "attributes.json"
+GOLD_FILE = "gold.jsonl"
+
+
+@dataclass(frozen=True)
+class GoldExample:
+    """One gold product: ``target_scores`` maps attribute -> {acceptable value: 1}."""
+
+    product_id: str
+    category: str
+    target_scores: Mapping[str, Mapping[str, object]]
+
+
+def validate_target_scores(target_scores: object, where: str) -> dict[str, dict[str, object]]:
+    """Check ``{attribute: {value: score, ...}}`` with non-empty names; return it unchanged."""
+    if not isinstance(target_scores, dict):
+        raise ValueError(f"{where}: 'target_scores' must be an object, got {type(target_scores).__name__}")
+    for attribute, values in target_scores.items():
+        if not attribute.strip():
+            raise ValueError(f"{where}: empty attribute name in 'target_scores'")
+        if not isinstance(values, dict) or not values:
+            raise ValueError(
+                f"{where}: target_scores[{attribute!r}] must be a non-empty object like {{\"value\": 1}} "
+                f"(use {{\"n/a\": 1}} for no value), got {values!r}"
+            )
+    return target_scores
+
+
+def read_records(path: str | Path, limit: int | None = None) -> list[dict]:
+    """``records.jsonl`` rows (the first ``limit``); errors name the 1-based line."""
+    rows: list[dict] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {number}: not valid JSON ({err})") from err
+            for key in ("product_id", "category", "title"):
+                if not isinstance(row.get(key), str) or not row[key]:
+                    raise ValueError(f"{path} line {number}: '{key}' must be a non-empty string")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no records")
+    return rows
+
+
+def read_gold(uri: str) -> list[GoldExample]:
+    """gold.jsonl of ``hpd convert``: ``{"product_id", "category", "target_scores"}`` per line."""
+    examples: list[GoldExample] = []
+    seen: set[str] = set()
+    for number, row in read_jsonl(uri):
+        where = f"{uri} line {number}"
+        for key in ("product_id", "category"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise ValueError(f"{where}: '{key}' must be a non-empty string (is this a gold.jsonl from hpd convert?)")
+        if row["product_id"] in seen:
+            raise ValueError(f"{where}: duplicate product_id {row['product_id']!r}")
+        seen.add(row["product_id"])
+        target_scores = validate_target_scores(row.get("target_scores"), where)
+        examples.append(GoldExample(row["product_id"], row["category"], target_scores))
+    if not examples:
+        raise ValueError(f"{uri}: no gold rows")
+    return examples
+
+
+def read_attributes(uri: str) -> dict[str, list[str]]:
+    """category -> attribute names, from an attribute schema file (local or s3://) in the formats
+    the extraction job reads (``pipelines.schema``)."""
+    from pipelines.schema import schema_from_text
+
+    schema = schema_from_text(read_text(uri), uri)
+    return {category: [a.name for a in attributes] for category, attributes in schema.categories.items()}
