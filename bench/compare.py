@@ -44,6 +44,7 @@ def summarize(name: str, runs: list) -> dict:
         "batches": counts["prefills"],
         "mean_batch_rows": counts["prefill_rows"] / max(counts["prefills"], 1),
         "tokens_fed": counts["tokens_fed"],
+        "shared_prefix_prefills": counts.get("prefix_prefills", 0),
         "values": len(values),
         "null_values": sum(v.value is None for v in values),
         "truncated_values": sum(v.truncated for v in values),
@@ -88,6 +89,18 @@ def compare(
     if len(names) == 2 and workloads["ar"].exact_new_tokens is None:  # both decoded freely
         out["agreement"] = agreement(runs["ar"][-1]["results"], runs["hpd"][-1]["results"])
     return out
+
+
+def floor(flops: float, model_info: dict, input_tokens: float, value_tokens: float, summaries: dict) -> dict:
+    """The per-product floor: products/s if a product cost only the body matmuls of the tokens no
+    sharing removes (its own text, its attribute keys, its generated values) at the matmul speed
+    measured in the same run, FLOP/s / (2 x body parameters x floor tokens); and the fraction of it
+    each decoder reached."""
+    tokens = input_tokens + value_tokens
+    limit = flops / (2 * model_info["body_matmul_parameters"] * tokens)
+    out = {"matmul_flops_per_s": flops, "input_tokens_per_product": input_tokens,
+           "value_tokens_per_product": value_tokens, "tokens_per_product": tokens, "limit_products_per_s": limit}  # fmt: skip
+    return out | {name: {"fraction": s["products_per_s"] / limit} for name, s in summaries.items()}
 
 
 def prefill_limit(flops: float, model_info: dict, summary: dict) -> dict:

@@ -25,56 +25,13 @@ def make_decoders(models: dict, tokenizer, decode_cfg: DecodeConfig, model_info:
 
 
 def forced_hpd_class():
-    """HPDDecoder plus ``decode_forced``: teacher forcing at the cost of free decoding.
-
-    The engine's own forcing (``decode_batch(forced=...)``) is a test tool that records every
-    step's full logits (slots x K x vocab floats); here nothing is recorded and a token is still
-    selected from the logits (then replaced by the forced one), so a forced step does exactly the
-    work of a free-running one.
-    """
-    import torch
-
-    from hpd_core.batching import run_split_on_oom
-    from hpd_core.engine import HPDDecoder, error_result
-    from hpd_core.sampling import select
+    """HPDDecoder plus ``decode_forced``: teacher forcing at the cost of free decoding (the engine
+    still selects a token from every step's logits, then feeds the forced one; nothing recorded)."""
+    from hpd_core.engine import HPDDecoder
 
     class ForcedHPDDecoder(HPDDecoder):
-        def _policy(self, forced, slot_valid, generator):
-            if forced is None:
-                return super()._policy(forced, slot_valid, generator)
-            S, K = slot_valid.shape[1], self.config.max_value_tokens
-            rows = [[list(slot) + [self.runner.pad_id] * (K - len(slot)) for slot in r] for r in forced]
-            rows = [r + [[self.runner.pad_id] * K] * (S - len(r)) for r in rows]
-            force = torch.tensor(rows, dtype=torch.long).to(slot_valid.device)  # (B, S, K)
-            lengths = [[len(slot) for slot in r] + [1] * (S - len(r)) for r in forced]
-            limit = torch.tensor(lengths, dtype=torch.long).to(slot_valid.device)  # (B, S)
-
-            def choose(logits, rows, slots, k):
-                select(logits, self.config, generator)  # the work of a free step; result unused
-                return force[rows, slots, k]
-
-            return choose, limit, None
-
         def decode_forced(self, requests, forced) -> list:
-            for r, (request, slots) in enumerate(zip(requests, forced)):
-                if len(slots) != request.num_slots:
-                    raise ValueError(f"request {r}: {len(slots)} forced slots for {request.num_slots} slots")
-                if any(not 1 <= len(s) <= self.config.max_value_tokens for s in slots):
-                    raise ValueError(f"request {r}: forced values need 1..{self.config.max_value_tokens} tokens")
-            layouts = self.layouts(requests)
-            results = [None] * len(requests)
-
-            def run(indices):
-                picked = ([requests[i] for i in indices], [layouts[i] for i in indices])
-                return list(zip(indices, self.decode_batch(*picked, None, [forced[i] for i in indices])))
-
-            def fail(i, reason):
-                return i, error_result(requests[i], self.name, reason, len(layouts[i].input_ids))
-
-            for batch in self.batch_plan(layouts):
-                for i, result in run_split_on_oom(batch, run, fail):
-                    results[i] = result
-            return results
+            return self.decode(requests, forced=forced)
 
     return ForcedHPDDecoder
 

@@ -38,24 +38,34 @@ class TimingConfig:
 
 
 class PassCounter:
-    """Counts calls of the transformer body (one per forward pass), prefills, and rows fed."""
+    """Counts calls of the transformer body (one per forward pass), prefills, rows and tokens fed.
+
+    The engine's forwards say what they are (``RowCache.write``: a shared prefix's prefill, a
+    batch's prefill of newly admitted rows, or a decode step): ``calls`` counts prefills and steps,
+    ``prefills`` / ``prefill_rows`` the prefill forwards and the rows they started, and
+    ``prefix_prefills`` the shared prefixes computed (once per category, then reused).
+    """
 
     def __init__(self, body):
         self.handle = body.register_forward_pre_hook(self._hook, with_kwargs=True)
         self.reset()
 
     def reset(self) -> None:
-        self.calls = self.prefills = self.prefill_rows = self.tokens_fed = 0
+        self.calls = self.prefills = self.prefill_rows = self.tokens_fed = self.prefix_prefills = 0
 
     def _hook(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = kwargs.get("past_key_values")
+        write = getattr(kwargs.get("past_key_values"), "write", None)
+        kind = write.kind if write is not None else "prefill"
+        if kind == "prefix":
+            self.prefix_prefills += 1
+            return
         self.calls += 1
         if ids is not None:
             self.tokens_fed += ids.numel()
-        if cache is None or cache.get_seq_length() == 0:
+        if kind == "prefill":
             self.prefills += 1
-            self.prefill_rows += ids.shape[0] if ids is not None else 0
+            self.prefill_rows += write.taking_part if write is not None else (ids.shape[0] if ids is not None else 0)
 
     def close(self) -> None:
         self.handle.remove()
@@ -121,6 +131,8 @@ def timed(name: str, decoder, workload: Workload, device: str, counter: PassCoun
     time to other processes on a shared machine), results, pass counts, peak host/device bytes."""
     import torch
 
+    if getattr(decoder, "prefixes", None) is not None:
+        decoder.prefixes.clear()  # every run prefills its categories' shared prefixes itself
     _free(device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -135,7 +147,8 @@ def timed(name: str, decoder, workload: Workload, device: str, counter: PassCoun
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "results": results,
-        "counts": dict(calls=counter.calls, prefills=counter.prefills, prefill_rows=counter.prefill_rows, tokens_fed=counter.tokens_fed),
+        "counts": dict(calls=counter.calls, prefills=counter.prefills, prefill_rows=counter.prefill_rows,
+                       tokens_fed=counter.tokens_fed, prefix_prefills=counter.prefix_prefills),  # fmt: skip
         "host_peak": rss.peak,
         "device_peak": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
     }

@@ -13,8 +13,9 @@ ROWS = (  # (label, key, format)
     ("products per CPU-second", "products_per_cpu_s", "{:.4f}"),
     ("products", "products", "{}"),
     ("requests (prompts)", "requests", "{}"),
-    ("batches", "batches", "{}"),
-    ("mean prompts per batch", "mean_batch_rows", "{:.1f}"),
+    ("prefill forwards", "batches", "{}"),
+    ("shared prefixes prefilled", "shared_prefix_prefills", "{}"),
+    ("mean rows per prefill", "mean_batch_rows", "{:.1f}"),
     ("prompt tokens per product", "prompt_tokens_per_product", "{:.1f}"),
     ("generated tokens", "generated_tokens", "{}"),
     ("forward passes", "forward_passes", "{}"),
@@ -70,7 +71,9 @@ def _header(report: dict, title: str) -> list[str]:
         f"{', random weights' if model['random_weights'] else ''}), {model['dtype']} on {model['device']}, attention {model['attention']}"
         + _adapters(model),
         f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {report['decode']['batch_token_budget']}, "
-        f"max batch size {report['decode']['max_batch_size']}; timing: {report['timing']['warmup_requests']} warm-up request(s), "
+        f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
+        f"steps {report['decode'].get('step_shape', 'auto')}, shared prefixes "
+        f"{'on' if report['decode'].get('prefix_cache', 1) else 'off'} (each timed run prefills its own); timing: {report['timing']['warmup_requests']} warm-up request(s), "
         f"{report['timing']['repeats']} repeat(s), median",
     ]
     w = report["workload"]
@@ -117,6 +120,12 @@ def bench_markdown(report: dict) -> str:
         f"/ (2 x {report['model']['body_matmul_parameters'] / 1e6:.1f}M body parameters x prompt tokens per product): "
         f"AR {limit['ar']['limit_products_per_s']:.2f} products/s (reached {100 * limit['ar']['fraction_of_limit']:.1f}%), "
         f"HPD {limit['hpd']['limit_products_per_s']:.2f} products/s (reached {100 * limit['hpd']['fraction_of_limit']:.1f}%).",
+        "",
+        f"Per-product floor: the same matmul speed / (2 x body parameters x {report['floor']['tokens_per_product']:.1f} "
+        f"floor tokens per product: its own text and attribute keys, {report['floor']['input_tokens_per_product']:.1f}, "
+        f"and its generated values, {report['floor']['value_tokens_per_product']:.1f}) = "
+        f"{report['floor']['limit_products_per_s']:.2f} products/s: **AR reached {100 * report['floor']['ar']['fraction']:.1f}%, "
+        f"HPD {100 * report['floor']['hpd']['fraction']:.1f}%**.",
         "",
         "Both decoders ran in one process on the same model and inputs, timed the same way; "
         "other load on the machine affects both, so the ratio is the figure to read.",

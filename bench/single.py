@@ -8,11 +8,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.compare import DECODER_ORDER, compare, prefill_limit
+from bench.compare import DECODER_ORDER, compare, floor, prefill_limit
 from bench.decoders import decode
 from bench.measure import PassCounter, TimingConfig, matmul_flops
 from bench.report import load_average, write_json
-from bench.workload import SyntheticSpec, Workload, matched_baseline, records_workload, synthetic_workload
+from bench.workload import (
+    SyntheticSpec, Workload, floor_input_tokens, matched_baseline, records_workload, synthetic_workload,
+)  # fmt: skip
 from hpd_core.config import DecodeConfig
 
 
@@ -72,11 +74,17 @@ def run_single(
         speedup_cpu_time=speedup_cpu,
         agreement=result.get("agreement"),
         prefill_limit={"matmul_flops_per_s": flops, **{n: prefill_limit(flops, report["model"], result[n]) for n in DECODER_ORDER}},
+        floor=floor(
+            flops, report["model"], floor_input_tokens(workload.requests, tokenizer),
+            result["hpd"]["generated_tokens"] / result["hpd"]["products"], {n: result[n] for n in DECODER_ORDER},
+        ),  # fmt: skip
     )
     report["machine"]["load_average_end"] = load_average()
     write_json(out / "bench.json", report)
     (out / "bench.md").write_text(bench_markdown(report))
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}", file=sys.stderr)
     return {n: {"products_per_s": result[n]["products_per_s"]} for n in DECODER_ORDER} | {
-        "speedup": speedup, "speedup_cpu_time": speedup_cpu
+        "speedup": speedup,
+        "speedup_cpu_time": speedup_cpu,
+        "floor_fraction": {n: report["floor"][n]["fraction"] for n in DECODER_ORDER},
     }

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from datafiles.dataset import read_attributes, read_records
 from hpd_core.layout import build_layout, encode
-from hpd_core.prompts import answer_prefix, render_prompt, value_suffix
+from hpd_core.prompts import answer_prefix, product_text, render_prompt, skeleton_segments, value_suffix
 from hpd_core.types import Attribute, Product, Request
 
 VALUE_LENGTH_DISTS = ("uniform", "geometric")
@@ -106,6 +106,20 @@ class Workload:
             forced=None if self.forced is None else self.forced[:n],
             exact_new_tokens=None if self.exact_new_tokens is None else self.exact_new_tokens[:n],
         )
+
+
+def floor_input_tokens(requests, tokenizer) -> float:
+    """Per product (mean), the input tokens no sharing removes: the product's own text and its
+    attribute keys (its skeleton segments: keys with their JSON punctuation). With the generated
+    values, this is the per-product floor the bench compares both decoders against."""
+    total = products = 0
+    for request in requests:
+        segments, N = skeleton_segments(request), len(request.attributes)
+        for j in range(len(request.products)):
+            total += len(encode(tokenizer, product_text(request, j)))
+            total += sum(len(encode(tokenizer, segment)) for segment in segments[j * N : (j + 1) * N])
+            products += 1
+    return total / products
 
 
 # --- records ---------------------------------------------------------------------------------

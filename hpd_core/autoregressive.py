@@ -1,24 +1,30 @@
 """The baseline: ordinary autoregressive generation of the whole JSON answer, same prompts.
 
 Prompts are the HPD prompts up to where the answer starts, seeded with ``{\\n``; the model writes
-keys, punctuation and values one token at a time (batched, left-padded, KV cache). A row stops at
-an end token (end of turn, padding), once the answer is structurally complete (``AnswerScanner``:
-the J product objects asked for are closed, or the whole object), or after a token limit that fits
-the whole answer with every value at K_max tokens. Finished rows leave the batch and free their
-cache rows at once, as in a serving engine, so a batch costs what its rows generate, not its
-longest row times its size. The text is parsed into the same Result type; invalid JSON gives null
-values flagged ``parse_error``. ``reference.AutoregressiveReference`` is the slow oracle.
+keys, punctuation and values one token at a time. A row stops at an end token (end of turn,
+padding), once the answer is structurally complete (``AnswerScanner``: the J product objects asked
+for are closed, or the whole object), or after a token limit that fits the whole answer with every
+value at K_max tokens. The text is parsed into the same Result type; invalid JSON gives null values
+flagged ``parse_error``. ``reference.AutoregressiveReference`` is the slow oracle.
+
+The baseline gets what the engine gives HPD (hpd_core/session.py): a static KV cache written in
+place, a category's shared prompt prefix prefilled once, continuous batching (a finished row takes
+the next waiting prompt at once, as in a serving engine, so a batch costs what its rows generate),
+and, with ``step_shape="fixed"``, steps of fixed shape whose stop check reads the host only every
+``check_every`` steps (a row that ended meanwhile is cut where it ended).
 """
 
 from __future__ import annotations
 
 import torch
 
-from hpd_core.batching import plan_batches, run_split_on_oom
+from hpd_core.batching import BatchedDecoder, session_rows
 from hpd_core.config import DecodeConfig
-from hpd_core.engine import error_result
-from hpd_core.layout import encode, encode_prompt
-from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, skeleton_segments
+from hpd_core.kvcache import PrefixStore
+from hpd_core.layout import encode, encode_prompt, shared_prefix_length
+from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
+from hpd_core.runner import ModelRunner
+from hpd_core.session import Prompt, Session
 from hpd_core.sampling import make_generator, select
 from hpd_core.stopping import token_text, token_texts
 from hpd_core.types import Request, Result
@@ -92,17 +98,14 @@ def make_result(decoder: str, tokenizer, request: Request, prompt_len: int, toke
     )
 
 
-class AutoregressiveDecoder:
+class AutoregressiveDecoder(BatchedDecoder):
     name = "ar"
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.config = config
-        self.model_name = model_name
-        self.device = model.get_output_embeddings().weight.device
-        self.special = set(tokenizer.all_special_ids)
+        super().__init__(model, tokenizer, config, model_name)
         self._texts: list[str] | None = None
+        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
+        self.prefixes = PrefixStore(config.prefix_cache)
 
     def token_text(self, token: int) -> str:
         if self._texts is None:
@@ -117,38 +120,42 @@ class AutoregressiveDecoder:
         skeleton = sum(len(encode(self.tokenizer, s)) for s in skeleton_segments(request))
         return skeleton + request.num_slots * self.config.max_value_tokens + ANSWER_SLACK_TOKENS
 
-    def decode(self, requests: list[Request], exact_new_tokens: list[int] | None = None) -> list[Result]:
+    def cost(self, item: tuple[list[int], int]) -> tuple[int, int]:
+        prompt, budget = item
+        return len(prompt), max(1, budget // self.config.max_value_tokens)
+
+    def prompt(self, request: Request, ids: list[int]) -> Prompt:
+        prefix = 0
+        if self.prefixes.capacity:
+            text = shared_prefix_text(request, self.tokenizer, hpd=False)
+            prefix = shared_prefix_length(self.tokenizer, text, ids, len(ids) - 1)
+        return Prompt(tuple(ids), tuple(range(len(ids))), prefix, (len(ids) - 1,))
+
+    def prepare(self, requests: list[Request]) -> list[tuple[list[int], int]]:
+        """(prompt ids, answer budget) per request."""
+        return [(self.prompt_ids(r), self.answer_budget(r)) for r in requests]
+
+    def decode(
+        self, requests: list[Request], exact_new_tokens: list[int] | None = None, prepared: list | None = None
+    ) -> list[Result]:
         """``exact_new_tokens`` (benchmarks on random weights): generate exactly this many tokens
-        per request, ignoring stop conditions."""
-        prompts = [self.prompt_ids(r) for r in requests]
-        budgets = exact_new_tokens or [self.answer_budget(r) for r in requests]
-        results: list[Result | None] = [None] * len(requests)
-        batches = plan_batches(
-            [len(p) for p in prompts],
-            [max(1, b // self.config.max_value_tokens) for b in budgets],
-            self.config.max_value_tokens,
-            self.config.batch_token_budget,
-            self.config.max_batch_size,
-        )
+        per request, ignoring stop conditions. ``prepared``: ``prepare(requests)``, if done already."""
+        if exact_new_tokens is not None:
+            items = [(self.prompt_ids(r), n) for r, n in zip(requests, exact_new_tokens)]
+        else:
+            items = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
 
-        def run(indices: list[int]) -> list[tuple[int, Result]]:
-            out = self.decode_batch(
+        def run(indices: list[int]) -> list[Result]:
+            return self.decode_batch(
                 [requests[i] for i in indices],
-                [prompts[i] for i in indices],
-                [budgets[i] for i in indices],
+                [items[i][0] for i in indices],
+                [items[i][1] for i in indices],
                 exact=exact_new_tokens is not None,
                 generator=generator,
             )
-            return list(zip(indices, out))
 
-        def fail(i: int, reason: str) -> tuple[int, Result]:
-            return i, error_result(requests[i], self.name, reason, len(prompts[i]))
-
-        for batch in batches:
-            for i, result in run_split_on_oom(batch, run, fail):
-                results[i] = result
-        return results  # type: ignore[return-value]
+        return self.decode_in_batches(requests, items, run)
 
     @torch.inference_mode()
     def decode_batch(
@@ -160,60 +167,128 @@ class AutoregressiveDecoder:
         generator=None,
         forced: list[list[int]] | None = None,
     ) -> list[Result]:
-        """Generate for one batch; each row stops by itself (or, ``exact``, after its budget) and
-        leaves the batch. ``forced[b]`` (tests): feed these tokens instead of choosing."""
-        dev, pad = self.device, self.tokenizer.pad_token_id
-        B = len(prompts)
-        L = max(len(p) for p in prompts)
-        ids = torch.full((B, L), pad, dtype=torch.long)
-        attention = torch.zeros((B, L), dtype=torch.long)
-        for b, p in enumerate(prompts):  # left padding
-            ids[b, L - len(p) :] = torch.tensor(p)
-            attention[b, L - len(p) :] = 1
-        ids, attention = ids.to(dev), attention.to(dev)
-        positions = (attention.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1]
-        next_pos = positions[:, -1] + 1
+        """Generate for one batch (one session); each row stops by itself (or, ``exact``, after
+        its budget). ``forced[b]`` (tests): feed these tokens instead of choosing."""
+        return ARSession(self, requests, prompts, budgets, exact, generator, forced).run(self.parser)
 
-        live = list(range(B))  # batch row of each cache row
-        generated: list[list[int]] = [[] for _ in range(B)]
-        ends: list[tuple[int, bool]] = [(0, False)] * B  # (answer length, complete), as answer_length
-        scanners = [AnswerScanner(len(r.products)) for r in requests]
-        while True:
-            tokens = select(logits, self.config, generator)
-            if forced is not None:
-                tokens = torch.tensor([forced[b][len(generated[b])] for b in live], device=dev)
-            keep = []
-            for k, (b, t) in enumerate(zip(live, tokens.tolist())):
-                generated[b].append(t)
-                n = len(generated[b])
-                if not exact and t in self.special:
-                    ends[b] = (n - 1, True)  # the end token is not part of the answer
-                elif not exact and scanners[b].feed(self.token_text(t)):
-                    ends[b] = (n, True)
-                elif n >= budgets[b] or (forced is not None and n == len(forced[b])):
-                    ends[b] = (n, exact)
-                else:
-                    keep.append(k)
-            if not keep:
-                break
-            if len(keep) < len(live):  # finished rows leave the batch and free their cache rows
-                index = torch.tensor(keep, device=dev)
-                cache.batch_select_indices(index)
-                attention, tokens, next_pos = attention[index], tokens[index], next_pos[index]
-                live = [live[k] for k in keep]
-            attention = torch.cat([attention, attention.new_ones((len(live), 1))], 1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=attention,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1]
-            next_pos = next_pos + 1
-        return [
-            make_result(self.name, self.tokenizer, r, len(p), g, *end)
-            for r, p, g, end in zip(requests, prompts, generated, ends)
-        ]
+
+class ARSession(Session):
+    """One baseline batch: one query per busy row per step."""
+
+    def __init__(self, decoder: AutoregressiveDecoder, requests, prompts, budgets, exact, generator, forced):
+        cfg, dev = decoder.config, decoder.device
+        self.decoder, self.requests, self.budgets = decoder, requests, budgets
+        self.exact, self.generator, self.forced = exact, generator, forced
+        self.fixed = cfg.fixed_steps(dev)
+        self.check_every = cfg.check_every if self.fixed else 1
+        self.L, self.T = max(len(p) for p in prompts), max(budgets)
+        rows = session_rows([len(p) for p in prompts], [1] * len(prompts), self.T, cfg.batch_token_budget, cfg.max_batch_size)
+        specs = [decoder.prompt(r, p) for r, p in zip(requests, prompts)]
+        super().__init__(decoder.runner, decoder.prefixes, specs, rows, self.L + self.T + 1)
+        self.generated: list[list[int]] = [[] for _ in requests]
+        self.ends: list[tuple[int, bool] | None] = [None] * len(requests)  # (answer length, complete)
+        self.scanners = [AnswerScanner(len(r.products)) for r in requests]
+        self.last = torch.zeros(rows, dtype=torch.long, device=dev)  # the token each row feeds next
+        self.fed = torch.zeros(rows, dtype=torch.long, device=dev)  # tokens each row has fed
+        self.length = torch.zeros(rows, dtype=torch.long, device=dev)  # its prompt length
+        self.budget = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.pending: list[torch.Tensor] = []  # fixed steps: tokens not yet read by the host
+        self.append_at = [0] * rows  # packed steps: where each row's next fed token goes
+
+    def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:
+        dev = self.decoder.device
+        rows_t = torch.tensor(rows, device=dev)
+        self.length[rows_t] = torch.tensor([len(self.prompts[i].ids) for i in items], device=dev)
+        self.budget[rows_t] = torch.tensor([self.budgets[i] for i in items], device=dev)
+        self.fed[rows_t] = 0
+        for row, item in zip(rows, items):
+            self.append_at[row] = len(self.prompts[item].ids)
+        tokens = self.choose(self.runner.logits(torch.cat(hidden)), items, [0] * len(items))
+        self.last[rows_t] = tokens
+        for item, token in zip(items, tokens.tolist()):
+            self.read(item, token)
+
+    def choose(self, logits: torch.Tensor, items: list[int | None], index: list[int]) -> torch.Tensor:
+        """Next tokens from the logits; forcing (tests): token ``index[i]`` of ``forced[items[i]]``."""
+        tokens = select(logits, self.decoder.config, self.generator)
+        if self.forced is not None:
+            pad = self.decoder.tokenizer.pad_token_id
+            picked = [self.forced[i][k] if i is not None and k < len(self.forced[i]) else pad for i, k in zip(items, index)]
+            tokens = torch.tensor(picked, device=tokens.device)
+        return tokens
+
+    def read(self, item: int, token: int) -> None:
+        """The host's reading of a row's next token: the stop rule (as ``answer_length``)."""
+        if self.ends[item] is not None:
+            return  # fixed steps run on past a row's end until the next check
+        generated = self.generated[item]
+        generated.append(token)
+        n = len(generated)
+        if not self.exact and token in self.decoder.special:
+            self.ends[item] = (n - 1, True)  # the end token is not part of the answer
+        elif not self.exact and self.scanners[item].feed(self.decoder.token_text(token)):
+            self.ends[item] = (n, True)
+        elif n >= self.budgets[item] or (self.forced is not None and n == len(self.forced[item])):
+            self.ends[item] = (n, self.exact)
+
+    def step(self) -> None:
+        if self.fixed:
+            self.fixed_step()
+        else:
+            self.packed_step()
+
+    def packed_step(self) -> None:
+        busy = [row for row in range(self.rows) if self.item[row] is not None and self.ends[self.item[row]] is None]
+        if not busy:
+            return
+        r = torch.tensor(busy, device=self.decoder.device)
+        index = torch.tensor([self.append_at[row] for row in busy], device=r.device)
+        hidden = self.runner.forward(self.cache, r, index, self.last[r], self.length[r] + self.fed[r],
+                                     torch.zeros_like(r), end=int(index.max()) + 1)  # fmt: skip
+        for row in busy:
+            self.append_at[row] += 1
+        self.fed[r] += 1
+        items = [self.item[row] for row in busy]
+        tokens = self.choose(self.runner.logits(hidden), items, [len(self.generated[i]) for i in items])
+        self.last[r] = tokens
+        for item, token in zip(items, tokens.tolist()):
+            self.read(item, token)
+
+    def fixed_step(self) -> None:
+        """Every row feeds its last token at the fixed place  L + tokens fed; nothing read back."""
+        R, dev = self.rows, self.decoder.device
+        r = torch.arange(R, device=dev)
+        live = self.fed + 1 < self.budget  # a row's budget bounds its tokens (ends are read later)
+        index = torch.where(live, self.L + self.fed, self.cache.scratch)
+        hidden = self.runner.forward(self.cache, r, index, self.last, self.length + self.fed, torch.zeros_like(r),
+                                     end=self.cache.capacity, present=live, grid=(R, 1))  # fmt: skip
+        self.fed += live
+        index = self.fed.tolist() if self.forced is not None else [0] * R  # forcing is a test tool
+        tokens = self.choose(self.runner.logits(hidden), self.item, index)
+        self.last = torch.where(live, tokens, self.last)
+        self.pending.append(torch.where(live, tokens, -1))
+        if len(self.pending) >= self.check_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the fixed steps' tokens back (one host transfer) into the stop rule."""
+        if not self.pending:
+            return
+        steps = torch.stack(self.pending, 1).tolist()  # (rows, steps)
+        self.pending = []
+        for row, tokens in enumerate(steps):
+            for token in tokens:
+                if self.item[row] is not None and token >= 0:
+                    self.read(self.item[row], token)
+
+    def done(self) -> list[int]:
+        return [row for row in range(self.rows) if self.item[row] is not None and self.ends[self.item[row]] is not None]
+
+    def outputs(self, row: int, item: int):
+        self.budget[row] = 0
+        return self.ends[item]
+
+    def parse(self, item: int, outputs) -> Result:
+        n, complete = outputs
+        return make_result(self.decoder.name, self.decoder.tokenizer, self.requests[item], len(self.prompts[item].ids),
+                           self.generated[item], n, complete)  # fmt: skip

@@ -1,49 +1,120 @@
-"""Group prompts into batches by a token budget, and split a batch that runs out of device memory.
+"""What every decoder shares: the constructor and the plan / run / fail / split-on-OOM loop.
 
-A batch's cost is what its KV cache can grow to: rows x (longest prompt + K_max x most slots).
-Prompts are sorted by length first so that rows of one batch pad little.
+``BatchedDecoder.decode_in_batches`` groups prepared requests into batches of similar size, each
+decoded as one session (hpd_core/session.py: continuous batching over a number of cache rows that
+the token budget sets: rows x (longest prompt + K_max x most slots) is what the KV cache holds).
+When a batch runs out of device memory it is split in halves and retried; a request that does not
+fit even alone becomes an error result instead of an exception.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+
+from hpd_core.types import Request, Result, Value
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def batch_cost(prompt_lens: Sequence[int], slots: Sequence[int], max_value_tokens: int) -> int:
-    return len(prompt_lens) * (max(prompt_lens) + max_value_tokens * max(slots))
+class BatchedDecoder:
+    """Base of the decoders (engine.HPDDecoder, autoregressive.AutoregressiveDecoder, the oracles).
+
+    A subclass sets ``name`` and gives ``prepare(requests) -> items`` (tokenization: one item per
+    request) and ``cost(item) -> (prompt tokens, slots)``; its ``decode(requests, ...,
+    prepared=None)`` calls ``decode_in_batches``.
+    """
+
+    name = ""
+
+    def __init__(self, model, tokenizer, config, model_name: str = ""):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config  # DecodeConfig
+        self.model_name = model_name
+        self.device = model.get_output_embeddings().weight.device
+        self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+        self.special = set(tokenizer.all_special_ids)
+        self.parser = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-parse")  # results, beside the model
+
+    def prepare(self, requests: list[Request]) -> list:
+        """The requests tokenized, one item per request (host work only)."""
+        raise NotImplementedError
+
+    def cost(self, item) -> tuple[int, int]:
+        """(prompt tokens, slots) of a prepared request, for batch planning."""
+        raise NotImplementedError
+
+    def decode(self, requests: list[Request], prepared: list | None = None) -> list[Result]:
+        raise NotImplementedError
+
+    def decode_stream(self, batches: Iterable[list[Request]]) -> Iterator[list[Result]]:
+        """``decode`` each batch of requests in turn; the next batch is tokenized on a background
+        thread while the model computes the current one (whose results are parsed on another)."""
+        batches = iter(batches)
+        with ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-prepare") as pool:
+
+            def submit() -> Future | None:
+                requests = next(batches, None)
+                return None if requests is None else pool.submit(lambda: (requests, self.prepare(requests)))
+
+            upcoming = submit()
+            while upcoming is not None:
+                requests, items = upcoming.result()
+                upcoming = submit()
+                yield self.decode(requests, prepared=items)
+
+    def decode_in_batches(
+        self, requests: list[Request], items: list, decode_batch: Callable[[list[int]], list[Result]]
+    ) -> list[Result]:
+        """Results of ``requests`` (same order): ``decode_batch(indices)`` per planned batch of
+        ``items`` (the prepared requests), split on out-of-memory, failures as error results."""
+        costs = [self.cost(item) for item in items]
+        results: list[Result | None] = [None] * len(requests)
+
+        def run(indices: list[int]) -> list[tuple[int, Result]]:
+            return list(zip(indices, decode_batch(indices)))
+
+        def fail(i: int, reason: str) -> tuple[int, Result]:
+            return i, error_result(requests[i], self.name, reason, costs[i][0])
+
+        for batch in plan_sessions([c[0] for c in costs], [c[1] for c in costs], self.config.max_value_tokens):
+            for i, result in run_split_on_oom(batch, run, fail):
+                results[i] = result
+        return results  # type: ignore[return-value]
 
 
-def plan_batches(
-    prompt_lens: Sequence[int],
-    slots: Sequence[int],
-    max_value_tokens: int,
-    token_budget: int,
-    max_batch_size: int,
-) -> list[list[int]]:
-    """Indices grouped into batches, shortest prompts first. A prompt over budget alone is a batch."""
-    order = sorted(range(len(prompt_lens)), key=lambda i: (prompt_lens[i], slots[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        candidate = current + [i]
-        cost = batch_cost([prompt_lens[j] for j in candidate], [slots[j] for j in candidate], max_value_tokens)
-        if current and (cost > token_budget or len(candidate) > max_batch_size):
-            batches.append(current)
-            candidate = [i]
-        current = candidate
-    if current:
-        batches.append(current)
-    return batches
+def error_result(request: Request, decoder: str, reason: str, prompt_tokens: int = 0) -> Result:
+    """The result of a request that could not be decoded: all values None, ``error`` set."""
+    none = tuple(tuple(Value(None) for _ in request.attributes) for _ in request.products)
+    return Result(request, none, prompt_tokens, 0, 0, decoder, error=reason)
 
 
-def is_out_of_memory(err: BaseException) -> bool:
-    import torch
+def row_cost(prompt_len: int, slots: int, max_value_tokens: int) -> int:
+    """Cache entries one row needs for a prompt: its tokens plus K_max per slot."""
+    return prompt_len + max_value_tokens * slots
 
-    return isinstance(err, torch.OutOfMemoryError)
+
+def session_rows(prompt_lens: Sequence[int], slots: Sequence[int], max_value_tokens: int, token_budget: int, max_rows: int) -> int:
+    """Rows of a session over these prompts: rows x (longest prompt + K_max x most slots) within the
+    token budget (at least one row), at most ``max_rows`` and the number of prompts."""
+    cost = row_cost(max(prompt_lens), max(slots), max_value_tokens)
+    return max(1, min(len(prompt_lens), max_rows, token_budget // cost))
+
+
+def plan_sessions(prompt_lens: Sequence[int], slots: Sequence[int], max_value_tokens: int) -> list[list[int]]:
+    """Indices grouped into sessions, most costly prompts first: a session holds prompts whose row
+    cost is at least half its first's, so that rows sized for its first waste at most half."""
+    costs = [row_cost(n, s, max_value_tokens) for n, s in zip(prompt_lens, slots)]
+    sessions: list[list[int]] = []
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        if sessions and 2 * costs[i] >= costs[sessions[-1][0]]:
+            sessions[-1].append(i)
+        else:
+            sessions.append([i])
+    return sessions
 
 
 def run_split_on_oom(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 DECODERS = ("hpd", "ar", "reference")
 SKELETONS = ("interleaved", "after-products")  # where HPD's keys go (prompts.skeleton_segments)
 DTYPES = ("float32", "bfloat16", "float16")
+STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (DecodeConfig.step_shape)
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct + the shipped HPD LoRA adapter, see models.py
 DEFAULT_BASE_MODEL = "default-base"  # the same SmolLM2-135M-Instruct without the adapter (zero-shot)
@@ -24,6 +25,14 @@ class DecodeConfig:
         prompt) or "interleaved" (each product's text is followed by its own keys). The model must be
         used with the skeleton it was fine-tuned on. The baseline always writes the whole answer.
     temperature: 0 is greedy; > 0 samples (with top_p) from a generator seeded with ``seed``.
+    step_shape: "packed" (only the tokens still being generated are computed, each row's
+        appended after its own cache entries: a CPU, where every computed token costs), "fixed"
+        (every row feeds all its slots every step at fixed cache places: the same shapes and no host
+        synchronisation from step to step, what a GPU's CUDA graphs or compiler want), or "auto"
+        (fixed on CUDA, packed otherwise). Both give the same tokens.
+    check_every: fixed steps only: steps between the host reads that find finished prompts.
+    prefix_cache: shared prompt prefixes (a category's instructions and attribute list) whose
+        keys and values a decoder keeps for reuse across batches; 0 turns prefix sharing off.
     """
 
     max_value_tokens: int = 30
@@ -33,6 +42,9 @@ class DecodeConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    step_shape: str = "auto"
+    check_every: int = 4
+    prefix_cache: int = 32
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:
@@ -47,10 +59,22 @@ class DecodeConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.step_shape not in STEP_SHAPES:
+            raise ValueError(f"step_shape must be one of {STEP_SHAPES}, got {self.step_shape!r}")
+        if self.check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {self.check_every}")
+        if self.prefix_cache < 0:
+            raise ValueError(f"prefix_cache must be >= 0, got {self.prefix_cache}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def fixed_steps(self, device) -> bool:
+        """Whether decode steps have fixed shapes on ``device`` (see ``step_shape``)."""
+        if self.step_shape == "auto":
+            return str(device).startswith("cuda")
+        return self.step_shape == "fixed"
 
 
 @dataclass(frozen=True)

@@ -1,115 +1,86 @@
 """Hyper-Parallel Decoding: prefill, parallel value steps, stopping, batching (DESIGN.md section 2).
 
-Per batch of prompts (right-padded):
-  prefill   one forward over prompt + skeleton with gapped positions; the hidden states at the
-            anchors go through the LM head and give token 1 of every slot.
-  step t    feed the latest token of every still-active slot (compacted to the front of the row,
-            padded), at position anchor + t, appended at the end of the KV cache. The mask follows
-            position order (masks.allowed, with each layer's own window), so memory order does not
-            matter. The cache keeps every key of every layer, with no sliding-window cropping: the
-            mask applies a layer's window.
+A batch of prompts is decoded as a ``session`` (hpd_core/session.py): a fixed number of cache
+rows, each decoding one prompt at a time; a finished prompt's row takes the next waiting one
+(continuous batching), and the prompts of one category share the prefill of their instructions
+and attribute list.
+
+  prefill   prompt + skeleton with gapped positions; the hidden states at the anchors go through
+            the LM head and give token 1 of every slot.
+  step k    every still-active slot of a row feeds its token k at position anchor + k, generation
+            index k. The mask follows position order (masks.allowed, each layer's own window), so
+            where an entry sits in the cache never matters: on a CPU the active slots' tokens are
+            packed and appended after the row's own entries (every computed token counts); with
+            ``step_shape="fixed"`` (the GPU default) every row feeds all its slots every step,
+            written at the fixed place  L + (k - 1) x S + s  (L: the session's longest prompt,
+            S: its most slots), finished slots absent, so every step has the same shapes and no
+            host synchronisation happens between the checks every ``check_every`` steps.
   stop      a slot ends when its text closes the JSON value (stopping.py; a table lookup per step),
             or is cut at K_max and flagged truncated. Its final token is never fed; its earlier
-            tokens stay in the cache for later slots. Rows with no active slot leave the batch.
+            tokens stay in the cache for later slots. A row with no active slot is finished.
 No Python loop runs over slots inside the step loop; per-slot work happens once, when parsing.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
-from hpd_core import masks
-from hpd_core.batching import plan_batches, run_split_on_oom
+from hpd_core.batching import BatchedDecoder, session_rows
 from hpd_core.config import DecodeConfig
-from hpd_core.layout import Layout, build_layout
-from hpd_core.prompts import parse_value
+from hpd_core.kvcache import PrefixStore
+from hpd_core.layout import Layout, build_layout, require_token_boundary, shared_prefix_length
+from hpd_core.prompts import parse_value, shared_prefix_text
+from hpd_core.runner import ModelRunner
 from hpd_core.sampling import make_generator, select
+from hpd_core.session import Prompt, Session
 from hpd_core.stopping import DONE, START, transition_table
 from hpd_core.types import Request, Result, Value
 
 
-class ModelRunner:
-    """The model split into body (transformer + final norm) and LM head, with explicit masks."""
-
-    def __init__(self, model, tokenizer):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.body = model.get_decoder()
-        self.head = model.get_output_embeddings()
-        self.device = self.head.weight.device
-        self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        self.flex = getattr(model.config, "_attn_implementation", "sdpa") == "flex_attention"
-        self.vocab_size = self.head.weight.shape[0]
-        self.pad_id = tokenizer.pad_token_id
-        self.windows = masks.layer_windows(model.config)
-
-    def mask(self, rule):
-        """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule."""
-        convert = masks.block_mask if self.flex else (lambda allowed: masks.additive(allowed, self.dtype))
-        return masks.for_layers(self.windows, lambda window: convert(rule(window)))
-
-    def hidden(self, input_ids, position_ids, rule, cache=None) -> torch.Tensor:
-        out = self.body(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=self.mask(rule),
-            past_key_values=cache,
-            use_cache=cache is not None,
-        )
-        return out.last_hidden_state
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-
-class HPDDecoder:
+class HPDDecoder(BatchedDecoder):
     """Decode requests with HPD. ``decode(requests) -> results`` (same order)."""
 
     name = "hpd"
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
-        self.runner = ModelRunner(model, tokenizer)
-        self.tokenizer = tokenizer
-        self.config = config
-        self.model_name = model_name
-        self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.runner.device)
+        super().__init__(model, tokenizer, config, model_name)
+        require_token_boundary(tokenizer, config.skeleton)
+        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
+        self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
+        self.prefixes = PrefixStore(config.prefix_cache)
 
-    def layouts(self, requests: list[Request]) -> list[Layout]:
+    def prepare(self, requests: list[Request]) -> list[Layout]:
         cfg = self.config
         return [build_layout(r, self.tokenizer, cfg.max_value_tokens, cfg.skeleton) for r in requests]
 
-    def batch_plan(self, layouts: list[Layout]) -> list[list[int]]:
-        """Indices of ``layouts`` grouped into the batches ``decode`` runs (batching.plan_batches)."""
-        return plan_batches(
-            [len(lay.input_ids) for lay in layouts],
-            [lay.num_slots for lay in layouts],
-            self.config.max_value_tokens,
-            self.config.batch_token_budget,
-            self.config.max_batch_size,
-        )
+    layouts = prepare
 
-    def decode(self, requests: list[Request]) -> list[Result]:
-        layouts = self.layouts(requests)
-        results: list[Result | None] = [None] * len(requests)
-        batches = self.batch_plan(layouts)
-        generator = make_generator(self.config, self.runner.device)
+    def cost(self, layout: Layout) -> tuple[int, int]:
+        return len(layout.input_ids), layout.num_slots
 
-        def run(indices: list[int]) -> list[tuple[int, Result]]:
-            out = self.decode_batch([requests[i] for i in indices], [layouts[i] for i in indices], generator)
-            return list(zip(indices, out))
+    def decode(
+        self, requests: list[Request], forced: list[list[list[int]]] | None = None, prepared: list[Layout] | None = None
+    ) -> list[Result]:
+        """``forced[r][s]``: teacher-force these tokens into slot s of request r, at the cost of
+        free decoding (see ``decode_batch``); ``prepared``: ``prepare(requests)``, if done already."""
+        layouts = prepared if prepared is not None else self.prepare(requests)
+        generator = make_generator(self.config, self.device)
 
-        def fail(i: int, reason: str) -> tuple[int, Result]:
-            return i, error_result(requests[i], self.name, reason, len(layouts[i].input_ids))
+        def run(indices: list[int]) -> list[Result]:
+            picked = ([requests[i] for i in indices], [layouts[i] for i in indices], generator)
+            if forced is None:
+                return self.decode_batch(*picked)
+            return self.decode_batch(*picked, [forced[i] for i in indices], record_logits=False)
 
-        for batch in batches:
-            for i, result in run_split_on_oom(batch, run, fail):
-                results[i] = result
-        return results  # type: ignore[return-value]
+        return self.decode_in_batches(requests, layouts, run)
+
+    def prompt(self, request: Request, layout: Layout) -> Prompt:
+        """What the session prefills: the layout, its shared prefix marked (none if sharing is off)."""
+        prefix = 0
+        if self.prefixes.capacity:
+            text = shared_prefix_text(request, self.tokenizer, self.config.skeleton)
+            prefix = shared_prefix_length(self.tokenizer, text, layout.input_ids, min(layout.anchor_index))
+        return Prompt(layout.input_ids, layout.position_ids, prefix, layout.anchor_index)
 
     @torch.inference_mode()
     def decode_batch(
@@ -118,147 +89,197 @@ class HPDDecoder:
         layouts: list[Layout],
         generator=None,
         forced: list[list[list[int]]] | None = None,
+        record_logits: bool = True,
     ) -> list[Result]:
-        """Decode one batch. ``forced[b][s]`` (teacher forcing, for tests and training checks):
-        feed these tokens instead of choosing, stop each slot after them, and return the logits
-        of every step in ``result.extra["step_logits"]`` (slots, K, V)."""
-        run, cfg, dev = self.runner, self.config, self.runner.device
-        K = cfg.max_value_tokens
-        B = len(layouts)
-        L = max(len(lay.input_ids) for lay in layouts)
-        S = max(lay.num_slots for lay in layouts)
+        """Decode one batch (one session). ``forced[b][s]`` (teacher forcing): feed these tokens
+        instead of the chosen ones (still chosen, as in free decoding) and stop each slot after
+        them; with ``record_logits`` also return the logits of every step in
+        ``result.extra["step_logits"]`` (slots, K, V), a test tool."""
+        if forced is not None:
+            for r, (request, slots) in enumerate(zip(requests, forced)):
+                if len(slots) != request.num_slots:
+                    raise ValueError(f"request {r}: {len(slots)} forced slots for {request.num_slots} slots")
+                for s, gold in enumerate(slots):
+                    if not 1 <= len(gold) <= self.config.max_value_tokens:
+                        raise ValueError(f"forced value for row {r} slot {s} has {len(gold)} tokens, need 1..{self.config.max_value_tokens}")
+        session = HPDSession(self, requests, layouts, generator, forced, forced is not None and record_logits)
+        return session.run(self.parser)
 
-        input_ids = torch.full((B, L), run.pad_id, dtype=torch.long)
-        positions = torch.zeros((B, L), dtype=torch.long)
-        valid = torch.zeros((B, L), dtype=torch.bool)
-        anchor_idx = torch.zeros((B, S), dtype=torch.long)
-        anchor_pos = torch.zeros((B, S), dtype=torch.long)
-        slot_valid = torch.zeros((B, S), dtype=torch.bool)
-        for b, lay in enumerate(layouts):
-            n, s = len(lay.input_ids), lay.num_slots
-            input_ids[b, :n] = torch.tensor(lay.input_ids)
-            positions[b, :n] = torch.tensor(lay.position_ids)
-            valid[b, :n] = True
-            anchor_idx[b, :s] = torch.tensor(lay.anchor_index)
-            anchor_pos[b, :s] = torch.tensor(lay.anchor_pos)
-            slot_valid[b, :s] = True
-        input_ids, positions, valid = input_ids.to(dev), positions.to(dev), valid.to(dev)
-        anchor_idx, anchor_pos, slot_valid = anchor_idx.to(dev), anchor_pos.to(dev), slot_valid.to(dev)
 
-        # Prefill: all prompt tokens, LM head on anchors only.
-        cache = DynamicCache()  # no config: full layers only, nothing cropped (the mask windows)
-        gen0 = torch.zeros_like(positions)  # prompt and skeleton: generation index 0
-        hidden = run.hidden(
-            input_ids, positions, lambda w: masks.allowed(positions, gen0, valid, positions, gen0, 0, w), cache
-        )
-        choose, limit, recorded = self._policy(forced, slot_valid, generator)
-        rows, slots = slot_valid.nonzero(as_tuple=True)
-        h_anchor = hidden[rows, anchor_idx[rows, slots]]  # (n, H): LM head on anchors only
-        tokens = torch.full((B, S), run.pad_id, dtype=torch.long, device=dev)  # latest token per slot
-        tokens[rows, slots] = choose(run.logits(h_anchor), rows, slots, 0)
-        out = torch.full((B, S, K), run.pad_id, dtype=torch.long, device=dev)  # generated tokens
-        out[:, :, 0] = tokens
-        n_gen = slot_valid.long()  # (B, S)
-        state = torch.where(slot_valid, self.table[START, tokens], DONE)  # (B, S)
-        active = slot_valid & (state != DONE) & (n_gen < limit)
-        passes = torch.ones(B, dtype=torch.long, device=dev)
+class HPDSession(Session):
+    """One HPD batch: slot tables per row, (rows, S) each, S the session's most slots."""
 
-        live = torch.arange(B, device=dev)  # rows of the full tensors still in the cache
-        key_pos, key_gen, key_valid = positions, gen0, valid  # (b, C): each cache entry's position / g / presence
-        step = 1  # the value token index k being fed
-        while True:
-            act = active[live]
-            alive = act.any(1)
-            if not alive.any():
-                break
-            if not alive.all():  # finished prompts leave the batch and free their cache rows
-                keep = alive.nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                live, act, key_pos, key_valid = live[keep], act[keep], key_pos[keep], key_valid[keep]
-                key_gen = key_gen[keep]
-            A = int(act.sum(1).max())
-            order = torch.argsort((~act).to(torch.int8), dim=1, stable=True)[:, :A]  # (b, A) slot ids
-            q_valid = act.gather(1, order)
-            q_tok = tokens[live].gather(1, order).masked_fill(~q_valid, run.pad_id)
-            q_pos = anchor_pos[live].gather(1, order) + step
-            q_gen = torch.full_like(q_pos, step)
-            offset = key_pos.shape[1]
-            key_pos = torch.cat([key_pos, q_pos], 1)
-            key_gen = torch.cat([key_gen, q_gen], 1)
-            key_valid = torch.cat([key_valid, q_valid], 1)
-            hidden = run.hidden(
-                q_tok, q_pos, lambda w: masks.allowed(key_pos, key_gen, key_valid, q_pos, q_gen, offset, w), cache
-            )
+    def __init__(self, decoder: HPDDecoder, requests, layouts, generator, forced, record: bool):
+        cfg, dev = decoder.config, decoder.device
+        self.decoder, self.requests, self.layouts, self.generator = decoder, requests, layouts, generator
+        self.forced = forced
+        self.K, self.L = cfg.max_value_tokens, max(len(lay.input_ids) for lay in layouts)
+        self.S = S = max(lay.num_slots for lay in layouts)
+        self.fixed = cfg.fixed_steps(dev)
+        self.check_every = cfg.check_every if self.fixed else 1
+        rows = session_rows([len(lay.input_ids) for lay in layouts], [lay.num_slots for lay in layouts], self.K,
+                            cfg.batch_token_budget, cfg.max_batch_size)  # fmt: skip
+        prompts = [decoder.prompt(r, lay) for r, lay in zip(requests, layouts)]
+        super().__init__(decoder.runner, decoder.prefixes, prompts, rows, self.L + (self.K - 1) * S + 1)
+        pad, K = decoder.runner.pad_id, self.K
+        full = lambda value, *shape, dtype=torch.long: torch.full((rows, *shape), value, dtype=dtype, device=dev)
+        self.anchor_pos = full(0, S)
+        self.tokens = full(pad, S)  # latest token per slot
+        self.out = full(pad, S, K)  # generated tokens
+        self.n_gen = full(0, S)
+        self.state = full(DONE, S)
+        self.active = full(False, S, dtype=torch.bool)
+        self.limit = full(K, S)
+        self.step_of = full(1)  # (rows,) the value token index k each row feeds next
+        self.passes = full(0)
+        self.append_at = [0] * rows  # packed steps: where each row's next fed token goes
+        self.force = full(pad, S, K) if forced is not None else None
+        self.recorded = torch.zeros((rows, S, K, decoder.runner.vocab_size), device=dev) if record else None
+        self.steps_since_check = 0
 
-            rows = live[:, None].expand_as(order)[q_valid]  # (n,) the valid queries' rows and slots
-            slots = order[q_valid]
-            new = choose(run.logits(hidden[q_valid]), rows, slots, step)  # (n,)
-            out[rows, slots, step] = new
-            n_gen[rows, slots] += 1
-            state[rows, slots] = self.table[state[rows, slots], new]
-            tokens[rows, slots] = new
-            active[rows, slots] = (state[rows, slots] != DONE) & (n_gen[rows, slots] < limit[rows, slots])
-            passes[live] += 1
-            step += 1
+    # -- rows start ------------------------------------------------------------------------
+    def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:
+        dev, K = self.decoder.device, self.K
+        for row, item in zip(rows, items):
+            lay, s = self.layouts[item], self.layouts[item].num_slots
+            self.anchor_pos[row] = 0
+            self.anchor_pos[row, :s] = torch.tensor(lay.anchor_pos, device=dev)
+            self.limit[row] = K
+            self.out[row] = self.decoder.runner.pad_id
+            if self.force is not None:
+                self.force[row] = self.decoder.runner.pad_id
+                for slot, gold in enumerate(self.forced[item]):
+                    self.force[row, slot, : len(gold)] = torch.tensor(gold, device=dev)
+                    self.limit[row, slot] = len(gold)
+            if self.recorded is not None:
+                self.recorded[row] = 0
+            self.append_at[row] = len(lay.input_ids)
+        r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
+        s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
+        k = torch.zeros_like(r)
+        new = self.choose(self.decoder.runner.logits(torch.cat(hidden)), r, s, k)  # token 1 of every slot
+        rows_t = torch.tensor(rows, device=dev)
+        self.state[rows_t] = DONE
+        self.n_gen[rows_t] = 0
+        self.active[rows_t] = False
+        self.step_of[rows_t] = 1
+        self.passes[rows_t] = 1
+        self.tokens[r, s] = new
+        self.out[r, s, 0] = new
+        self.n_gen[r, s] = 1
+        self.state[r, s] = self.decoder.table[START, new]
+        self.active[r, s] = (self.state[r, s] != DONE) & (self.limit[r, s] > 1)
 
-        results = self._results(requests, layouts, out, n_gen, state, passes)
+    def choose(self, logits: torch.Tensor, r: torch.Tensor, s: torch.Tensor, k: torch.Tensor, fed=None) -> torch.Tensor:
+        """Tokens for the queries (r, s) at value index k from their logits (forced if forcing);
+        ``fed``: which queries are real (fixed steps), the others' logits are not recorded."""
+        new = select(logits, self.decoder.config, self.generator)
+        if self.recorded is not None:
+            if fed is not None:
+                r, s, k, logits = r[fed], s[fed], k[fed], logits[fed]
+            self.recorded[r, s, k] = logits
+        if self.force is not None:
+            new = self.force[r, s, k]
+        return new
+
+    # -- steps -----------------------------------------------------------------------------
+    def step(self) -> None:
+        if self.fixed:
+            self.fixed_step()
+        else:
+            self.packed_step()
+
+    def packed_step(self) -> None:
+        """Feed the active slots' tokens only, packed, each row's appended after its entries."""
+        r, s = self.active.nonzero(as_tuple=True)  # row-major
+        if r.numel() == 0:
+            return
+        counts = torch.bincount(r, minlength=self.rows)  # (rows,)
+        base = torch.tensor(self.append_at, device=r.device)
+        column = torch.arange(r.numel(), device=r.device) - (torch.cumsum(counts, 0) - counts)[r]
+        k = self.step_of[r]
+        self.append_at = (base + counts).tolist()
+        hidden = self.runner.forward(
+            self.cache, r, base[r] + column, self.tokens[r, s], self.anchor_pos[r, s] + k, k,
+            end=max(a for a, c in zip(self.append_at, counts.tolist()) if c),
+        )  # fmt: skip
+        new = self.choose(self.runner.logits(hidden), r, s, k)
+        self.out[r, s, k] = new
+        self.n_gen[r, s] += 1
+        self.state[r, s] = self.decoder.table[self.state[r, s], new]
+        self.tokens[r, s] = new
+        self.active[r, s] = (self.state[r, s] != DONE) & (self.n_gen[r, s] < self.limit[r, s])
+        busy = counts > 0
+        self.passes += busy
+        self.step_of += busy
+
+    def fixed_step(self) -> None:
+        """Feed every slot of every row (finished ones absent): the same shapes every step, and
+        nothing read back to the host."""
+        R, S, K, dev = self.rows, self.S, self.K, self.decoder.device
+        r = torch.arange(R, device=dev).repeat_interleave(S)
+        s = torch.arange(S, device=dev).repeat(R)
+        act = self.active.flatten().clone()  # (R*S,) the slots fed this step
+        k = self.step_of[r]
+        index = torch.where(act, self.L + (k - 1).clamp(0, max(K - 2, 0)) * S + s, self.cache.scratch)
+        hidden = self.runner.forward(
+            self.cache, r, index, self.tokens.reshape(-1), self.anchor_pos.reshape(-1) + k, k,
+            end=self.cache.capacity, present=act, grid=(R, S),
+        )  # fmt: skip
+        kk = k.clamp(max=K - 1)
+        new = torch.where(act, self.choose(self.runner.logits(hidden), r, s, kk, act), self.tokens.reshape(-1))
+        out = self.out.view(R * S, K)
+        out[torch.arange(R * S, device=dev), kk] = torch.where(act, new, out[torch.arange(R * S, device=dev), kk])
+        n_gen = self.n_gen.view(-1)
+        n_gen += act
+        state = self.state.view(-1)
+        state.copy_(torch.where(act, self.decoder.table[state, new], state))
+        self.tokens.view(-1).copy_(new)
+        self.active.view(-1).copy_(act & (state != DONE) & (n_gen < self.limit.view(-1)))
+        busy = act.view(R, S).any(1)
+        self.passes += busy
+        self.step_of += busy
+        self.steps_since_check += 1
+
+    def done(self) -> list[int]:
+        busy = [row for row in range(self.rows) if self.item[row] is not None]
+        if not busy:
+            return []
+        if self.fixed and 0 < self.steps_since_check < self.check_every:
+            return []  # between checks: nothing read back
+        self.steps_since_check = 0
+        finished = (~self.active.any(1)).tolist()  # the one host read per check
+        return [row for row in busy if finished[row]]
+
+    # -- results ---------------------------------------------------------------------------
+    def outputs(self, row: int, item: int):
+        S = self.layouts[item].num_slots
+        host = lambda x: x[row, :S].to("cpu", copy=True)  # a copy: the row is refilled next (CPU too)
+        recorded = host(self.recorded) if self.recorded is not None else None
+        return host(self.out), host(self.n_gen), host(self.state), int(self.passes[row]), recorded
+
+    def parse(self, item: int, outputs) -> Result:
+        out, n_gen, state, passes, recorded = outputs
+        request, lay = self.requests[item], self.layouts[item]
+        slot_tokens = [out[s, : n_gen[s]].tolist() for s in range(lay.num_slots)]
+        values = [
+            parse_value(self.decoder.tokenizer.decode(ids, skip_special_tokens=True), finished=bool(state[s] == DONE))
+            for s, ids in enumerate(slot_tokens)
+        ]
+        extra = {"slot_tokens": slot_tokens}
         if recorded is not None:
-            for b, result in enumerate(results):
-                result.extra["step_logits"] = recorded[b, : layouts[b].num_slots].cpu()
-        return results
-
-    def _policy(self, forced, slot_valid, generator):
-        """(choose, limit, recorded): how tokens are picked, each slot's token limit (B, S), and
-        the tensor that records logits when forcing (else None)."""
-        K, dev = self.config.max_value_tokens, slot_valid.device
-        if forced is None:
-            limit = torch.full(slot_valid.shape, K, dtype=torch.long, device=dev)
-            return (lambda logits, rows, slots, k: select(logits, self.config, generator)), limit, None
-        B, S = slot_valid.shape
-        force = torch.full((B, S, K), self.runner.pad_id, dtype=torch.long, device=dev)
-        limit = torch.ones((B, S), dtype=torch.long, device=dev)
-        for b, slots_gold in enumerate(forced):
-            for s, gold in enumerate(slots_gold):
-                if not 1 <= len(gold) <= K:
-                    raise ValueError(f"forced value for row {b} slot {s} has {len(gold)} tokens, need 1..{K}")
-                force[b, s, : len(gold)] = torch.tensor(gold)
-                limit[b, s] = len(gold)
-        recorded = torch.zeros((B, S, K, self.runner.vocab_size), device=dev)
-
-        def choose(logits, rows, slots, k):
-            recorded[rows, slots, k] = logits
-            return force[rows, slots, k]
-
-        return choose, limit, recorded
-
-    def _results(self, requests, layouts, out, n_gen, state, passes) -> list[Result]:
-        out, n_gen, state, passes = out.cpu(), n_gen.cpu(), state.cpu(), passes.cpu()
-        results = []
-        for b, (request, lay) in enumerate(zip(requests, layouts)):
-            values = []
-            for s in range(lay.num_slots):
-                ids = out[b, s, : n_gen[b, s]].tolist()
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                values.append(parse_value(text, finished=bool(state[b, s] == DONE)))
-            results.append(
-                Result(
-                    request=request,
-                    values=group(values, lay.num_attributes),
-                    prompt_tokens=len(lay.input_ids),
-                    generated_tokens=int(n_gen[b, : lay.num_slots].sum()),
-                    forward_passes=int(passes[b]),
-                    decoder=self.name,
-                    extra={"slot_tokens": [out[b, s, : n_gen[b, s]].tolist() for s in range(lay.num_slots)]},
-                )
-            )
-        return results
+            extra["step_logits"] = recorded
+        return Result(
+            request=request,
+            values=group(values, lay.num_attributes),
+            prompt_tokens=len(lay.input_ids),
+            generated_tokens=int(n_gen.sum()),
+            forward_passes=passes,
+            decoder=self.decoder.name,
+            extra=extra,
+        )
 
 
 def group(values: list[Value], num_attributes: int) -> tuple[tuple[Value, ...], ...]:
     """Flat slot list (product-major) -> values[j][n]."""
     return tuple(tuple(values[i : i + num_attributes]) for i in range(0, len(values), num_attributes))
-
-
-def error_result(request: Request, decoder: str, reason: str, prompt_tokens: int = 0) -> Result:
-    none = tuple(tuple(Value(None) for _ in request.attributes) for _ in request.products)
-    return Result(request, none, prompt_tokens, 0, 0, decoder, error=reason)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpd_core.prompts import render_prompt, render_value, skeleton_segments, value_suffix
-from hpd_core.types import Request
+from hpd_core.types import Attribute, Product, Request
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,20 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return ids if ids[: len(start)] == start else start + ids
 
 
+def shared_prefix_length(tokenizer, prefix_text: str, ids: tuple[int, ...] | list[int], limit: int) -> int:
+    """How many leading ``ids`` (a prompt's own tokens) are the tokens of ``prefix_text`` on its
+    own (prompts.shared_prefix_text), at most ``limit``: where the prefix text ends inside a token
+    of the whole prompt, the tokens that differ are left to the prompt's own prefill, so a prompt
+    keeps exactly its own tokens whether or not it shares the prefix."""
+    prefix = encode_prompt(tokenizer, prefix_text)
+    n = 0
+    for a, b in zip(prefix, ids[:limit]):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: str = "after-products") -> Layout:
     segments = skeleton_segments(request, skeleton)
     segments[0] = render_prompt(request, tokenizer, skeleton) + segments[0]
@@ -89,7 +103,7 @@ def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: s
 
 
 def check_token_boundary(
-    tokenizer, request: Request, sample_value: str = "Acme 500", skeleton: str = "after-products"
+    tokenizer, request: Request, sample_value: str | None = "Acme 500", skeleton: str = "after-products"
 ) -> bool:
     """True if, for every slot, tokenizing prompt + skeleton through the key and then a value
     gives the key's tokens followed by the value's own tokens: the key/value split falls where the
@@ -108,3 +122,24 @@ def check_token_boundary(
             return False
         text += value
     return True
+
+
+BOUNDARY_SAMPLE = Request(
+    category="Sample category",
+    attributes=(Attribute("Brand"), Attribute("Size"), Attribute("Item Form")),
+    products=(Product("1", "Acme Trail Runner, red, size 10"), Product("2", 'Acme "Pro" 500 ml bottle')),
+)
+BOUNDARY_VALUES = ("Acme 500", "10", None)
+
+
+def require_token_boundary(tokenizer, skeleton: str = "after-products") -> None:
+    """Fail loudly, when a decoder is built, if ``tokenizer`` splits key and value differently
+    from the full JSON text (``check_token_boundary`` on a sample request, for string, number-like
+    and null values): HPD would then feed the model first tokens it never produces itself."""
+    for value in BOUNDARY_VALUES:
+        if not check_token_boundary(tokenizer, BOUNDARY_SAMPLE, value, skeleton):
+            raise ValueError(
+                f"this tokenizer does not split a key from its value (sample value {value!r}) where it splits "
+                "the whole JSON answer, so HPD's first value token would not be one the model produces in "
+                "ordinary generation; use the autoregressive decoder with this model"
+            )

@@ -36,7 +36,8 @@ def allowed(
     key_valid: torch.Tensor,  # (B, K) bool: key present (not padding)
     query_pos: torch.Tensor,  # (B, Q) positions of the queries
     query_gen: torch.Tensor,  # (B, Q) generation index of the queries
-    query_offset: int,  # index of query 0 among the keys (cache length; 0 in the training view)
+    query_offset: int | torch.Tensor,  # index of query 0 among the keys (0 in the training view),
+    # or (B, Q) the index of every query among the keys (a cache written at scattered places)
     window: int | None = None,  # sliding window in positions, None for a full-attention layer
 ) -> torch.Tensor:
     """Boolean (B, Q, K): may query q attend to key k. The one rule (module doc)."""
@@ -47,8 +48,11 @@ def allowed(
     )
     if window is not None:
         mask &= (query_pos[:, :, None] - key_pos[:, None, :]) < window
-    q = torch.arange(query_pos.shape[1], device=query_pos.device)
-    mask[:, q, q + query_offset] = True  # each query sees itself
+    if isinstance(query_offset, int):
+        q = torch.arange(query_pos.shape[1], device=query_pos.device)
+        mask[:, q, q + query_offset] = True  # each query sees itself
+    else:
+        mask.scatter_(2, query_offset[:, :, None], True)
     return mask
 
 

@@ -19,8 +19,9 @@ newlines and tags in it cannot break out of their place in the prompt.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from hpd_core.types import Request, Value
+from hpd_core.types import Product, Request, Value
 
 INSTRUCTIONS = """You are an expert at extracting product details.
 
@@ -58,6 +59,11 @@ def _product_fields(request: Request, j: int) -> str:
     if product.features:
         fields["features"] = list(product.features)
     return json.dumps(fields, ensure_ascii=False)
+
+
+def product_text(request: Request, j: int) -> str:
+    """Product j's own text as the prompt embeds it (a JSON object of its fields)."""
+    return _product_fields(request, j)
 
 
 def _check_skeleton(skeleton: str) -> None:
@@ -116,6 +122,18 @@ def skeleton_segments(request: Request, skeleton: str = "after-products") -> lis
                 text = f"\n{INDENT * 2}{_key(attribute.name)}"
             segments.append(text)
     return segments
+
+
+PRODUCT_PROBE = "\ue000"  # a private-use character standing in for a product's text
+
+
+def shared_prefix_text(request: Request, tokenizer, skeleton: str = "after-products", hpd: bool = True) -> str:
+    """The text every prompt of this category and attribute list starts with: the prompt (for HPD
+    followed by the skeleton's first segment) up to where the first product's own text begins.
+    Prompts that share it share the prefill of its tokens (hpd_core/session.py)."""
+    probe = replace(request, products=(Product("", PRODUCT_PROBE),))
+    text = render_prompt(probe, tokenizer, skeleton) + (skeleton_segments(probe, skeleton)[0] if hpd else "")
+    return text[: text.index(PRODUCT_PROBE)]
 
 
 def answer_prefix() -> str:

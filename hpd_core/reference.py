@@ -16,9 +16,10 @@ import torch
 
 from hpd_core import masks
 from hpd_core.autoregressive import AutoregressiveDecoder, answer_length, make_result
+from hpd_core.batching import BatchedDecoder
 from hpd_core.config import DecodeConfig
 from hpd_core.engine import group
-from hpd_core.layout import Layout, build_layout
+from hpd_core.layout import Layout, build_layout, require_token_boundary
 from hpd_core.prompts import parse_value
 from hpd_core.sampling import make_generator, select
 from hpd_core.stopping import DONE, START, advance, token_text
@@ -48,24 +49,29 @@ def logical_sequence(layout: Layout, fed: list[list[int]]):
     return ids, pos, gen, last
 
 
-class ReferenceDecoder:
+class ReferenceDecoder(BatchedDecoder):
     """Same interface as HPDDecoder; decodes one request at a time without a cache."""
 
     name = "reference"
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.config = config
-        self.model_name = model_name
-        self.device = model.get_output_embeddings().weight.device
-        self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-        self.special = set(tokenizer.all_special_ids)
+        super().__init__(model, tokenizer, config, model_name)
+        require_token_boundary(tokenizer, config.skeleton)
         self.windows = masks.layer_windows(model.config)
 
-    def decode(self, requests: list[Request]) -> list[Result]:
+    def cost(self, layout: Layout) -> tuple[int, int]:
+        return len(layout.input_ids), layout.num_slots
+
+    def prepare(self, requests: list[Request]) -> list[Layout]:
+        cfg = self.config
+        return [build_layout(r, self.tokenizer, cfg.max_value_tokens, cfg.skeleton) for r in requests]
+
+    def decode(self, requests: list[Request], prepared: list[Layout] | None = None) -> list[Result]:
+        layouts = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
-        return [self.decode_one(r, generator) for r in requests]
+        return self.decode_in_batches(
+            requests, layouts, lambda indices: [self.decode_one(requests[i], generator, layouts[i]) for i in indices]
+        )
 
     def step_logits(self, layout: Layout, fed: list[list[int]]) -> torch.Tensor:
         """Logits (slots, V) at every slot's last token, from one full forward."""
@@ -81,9 +87,9 @@ class ReferenceDecoder:
         return out.logits[0, last].float()
 
     @torch.inference_mode()
-    def decode_one(self, request: Request, generator=None) -> Result:
+    def decode_one(self, request: Request, generator=None, layout: Layout | None = None) -> Result:
         K = self.config.max_value_tokens
-        layout = build_layout(request, self.tokenizer, K, self.config.skeleton)
+        layout = layout or build_layout(request, self.tokenizer, K, self.config.skeleton)
         S = layout.num_slots
         generated: list[list[int]] = [[] for _ in range(S)]
         fed: list[list[int]] = [[] for _ in range(S)]
@@ -124,11 +130,19 @@ class AutoregressiveReference(AutoregressiveDecoder):
 
     name = "ar-reference"
 
-    def decode(self, requests: list[Request], exact_new_tokens: list[int] | None = None) -> list[Result]:
+    def decode(
+        self, requests: list[Request], exact_new_tokens: list[int] | None = None, prepared: list | None = None
+    ) -> list[Result]:
         generator = make_generator(self.config, self.device)
-        budgets = exact_new_tokens or [self.answer_budget(r) for r in requests]
         exact = exact_new_tokens is not None
-        return [self.decode_one(r, budget, exact, generator) for r, budget in zip(requests, budgets)]
+        if exact:
+            items = [(self.prompt_ids(r), n) for r, n in zip(requests, exact_new_tokens)]
+        else:
+            items = prepared if prepared is not None else self.prepare(requests)
+        budgets = [budget for _, budget in items]
+        return self.decode_in_batches(
+            requests, items, lambda indices: [self.decode_one(requests[i], budgets[i], exact, generator) for i in indices]
+        )
 
     @torch.inference_mode()
     def decode_one(self, request: Request, budget: int, exact: bool, generator=None) -> Result:

@@ -167,6 +167,12 @@ def test_bench_synthetic_end_to_end(capsys, tmp_path, tokenizer_dir):
         assert s["products"] == 4 and not s["errors"]
         assert s["products_per_s"] == pytest.approx(s["products"] / s["seconds"])
         assert report["prefill_limit"][name]["limit_products_per_s"] > 0
+        floor = report["floor"]
+        assert floor[name]["fraction"] == pytest.approx(s["products_per_s"] / floor["limit_products_per_s"])
+    assert floor["limit_products_per_s"] == pytest.approx(
+        floor["matmul_flops_per_s"] / (2 * report["model"]["body_matmul_parameters"] * floor["tokens_per_product"])
+    )
+    assert floor["value_tokens_per_product"] == pytest.approx(report["hpd"]["generated_tokens"] / 4)
     spec = SyntheticSpec(num_products=4, product_tokens=40, attributes_per_product=3, value_tokens_max=5, docs_per_prompt=2)
     workload = synthetic_workload(spec, build_tokenizer(), 6)
     assert report["hpd"]["generated_tokens"] == sum(len(s) for slots in workload.forced for s in slots)
@@ -185,7 +191,8 @@ def test_bench_records_end_to_end(capsys, tmp_path, tokenizer_dir, records):
         "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3", "--out", str(out),
     ])  # fmt: skip
     report = json.loads((out / "bench.json").read_text())
-    assert set(summary) == {"ar", "hpd", "speedup", "speedup_cpu_time"}
+    assert set(summary) == {"ar", "hpd", "speedup", "speedup_cpu_time", "floor_fraction"}
+    assert summary["floor_fraction"] == {n: pytest.approx(report["floor"][n]["fraction"]) for n in ("ar", "hpd")}
     assert report["ar"]["products"] == report["hpd"]["products"] == 4
     assert report["hpd"]["requests"] == 3  # Shoes x2, Shoes x1 ... within the limit: 00000, 00001 | 00098 | 00002
     assert 0.0 <= report["agreement"] <= 1.0

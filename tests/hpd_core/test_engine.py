@@ -83,14 +83,15 @@ def test_single_slot_equals_generate(models, tokenizer, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_cached_step_logits_equal_training_view(models, tokenizer, arch):
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+def test_cached_step_logits_equal_training_view(models, tokenizer, arch, step_shape):
     """Teacher-force gold values through the cached engine; its logits at every step equal those
     of one forward over the logically ordered sequence with the training-view mask."""
     model = models[arch]
     rng = random.Random(11)
     k_max = 8
     requests = [random_request(rng, rng.randint(1, 3), rng.randint(1, 3)) for _ in range(3)]
-    decoder = HPDDecoder(model, tokenizer, DecodeConfig(max_value_tokens=k_max))
+    decoder = HPDDecoder(model, tokenizer, DecodeConfig(max_value_tokens=k_max, step_shape=step_shape))
     layouts = [build_layout(r, tokenizer, k_max) for r in requests]
     gold = []
     for request in requests:

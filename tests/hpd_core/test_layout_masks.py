@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,6 +71,8 @@ def test_rule_matches_definition(data):
     got = masks.allowed(key_pos, key_gen, key_valid, query_pos, query_gen, C, window)
     assert torch.equal(got, _brute(key_pos, key_gen, key_valid, query_pos, query_gen, C, window))
     assert got.any(-1).all()  # no query is fully masked
+    own = (torch.arange(Q) + C).expand(B, Q)  # the same queries' places given one by one
+    assert torch.equal(masks.allowed(key_pos, key_gen, key_valid, query_pos, query_gen, own, window), got)
 
 
 def test_training_mask_is_the_design_rule():
@@ -168,3 +171,32 @@ def test_baseline_and_training_prompts_start_with_bos_too(models, tokenizer):
     assert hpd_features(tok, example, 4).input_ids[0] == bos
     assert ar_features(tok, example).input_ids[0] == bos
     assert AutoregressiveDecoder(models["llama"], tok, DecodeConfig()).prompt_ids(request)[0] == bos
+
+
+def test_decoders_refuse_a_tokenizer_that_splits_key_and_value_differently(models, tokenizer):
+    """A vocabulary whose tokens cross the key/value boundary (here, BPE without a pre-tokenizer
+    split, so ``: "`` and ``: null`` merge) fails loudly when an HPD decoder is built; the fixture's
+    byte-level BPE passes, and the baseline (no split) accepts either."""
+    from tokenizers import Tokenizer, decoders, models as bpe_models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from hpd_core.autoregressive import AutoregressiveDecoder
+    from hpd_core.config import DecodeConfig
+    from hpd_core.decoders import make_decoder
+    from hpd_core.layout import BOUNDARY_SAMPLE, require_token_boundary
+
+    bpe = Tokenizer(bpe_models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = ['{"Brand": "Acme 500", "Size": null, "Item Form": "10"}\n' * 3] * 200
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(corpus, trainer)
+    merged = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<pad>")
+    assert not check_token_boundary(merged, BOUNDARY_SAMPLE)
+    require_token_boundary(tokenizer)  # the fixture's tokenizer splits where the JSON text does
+    for skeleton in ("after-products", "interleaved"):
+        with pytest.raises(ValueError, match="does not split a key from its value"):
+            make_decoder("hpd", models["llama"], merged, DecodeConfig(skeleton=skeleton))
+        with pytest.raises(ValueError, match="does not split a key from its value"):
+            make_decoder("reference", models["llama"], merged, DecodeConfig(skeleton=skeleton))
+    AutoregressiveDecoder(models["llama"], merged, DecodeConfig())

@@ -1,0 +1,124 @@
+"""One forward pass of the model over explicit query tokens, a ``RowCache`` and the one rule.
+
+Every forward (prefill, HPD value step, baseline token step) is the same call: N query tokens,
+given flat in row-major order, each with its cache row, the cache entry it writes, its position
+and generation index. The runner lays them out for the model in one of two ways:
+
+- packed (``(1, N)``: the linear layers see the real tokens only, attention unpacks them per row;
+  needs the engine's attention function, hpd_core/attention.py): what a CPU wants, where every
+  computed token costs;
+- a grid (``grid=(rows, A)``: every row has exactly A queries, some absent; the whole cache is
+  read): fixed shapes from step to step, no host synchronisation, what a GPU step captured as a
+  CUDA graph (or compiled) wants. Models without SDPA attention use padded rows instead of
+  packing.
+
+The mask is ``masks.allowed`` over the entries' positions, generation indices and presence (each
+layer's own window, ``masks.for_layers``), built once per forward for all layers. Only the hidden
+states asked for go through the LM head.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from hpd_core import masks
+from hpd_core.attention import engine_attention, uses_sdpa
+from hpd_core.kvcache import RowCache, Write
+
+
+class ModelRunner:
+    """The model split into body (transformer + final norm) and LM head, with explicit masks."""
+
+    def __init__(self, model, tokenizer, packed: bool = True):
+        self.model = model
+        self.body = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.device = self.head.weight.device
+        self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.flex = getattr(self.body.config, "_attn_implementation", "sdpa") == "flex_attention"
+        self.engine_sdpa = uses_sdpa(self.body.config)
+        self.packed = packed and self.engine_sdpa
+        self.vocab_size = self.head.weight.shape[0]
+        self.pad_id = tokenizer.pad_token_id
+        self.windows = masks.layer_windows(model.config)
+        self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
+        self.tokens = {"prefix": 0, "prefill": 0, "step": 0}  # query tokens computed (packed) by kind
+
+    def new_cache(self, rows: int, capacity: int) -> RowCache:
+        return RowCache(rows, capacity, self.device)
+
+    def mask(self, rule):
+        """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule."""
+        convert = masks.block_mask if self.flex else (lambda allowed: masks.additive(allowed, self.dtype))
+        return masks.for_layers(self.windows, lambda window: convert(rule(window)))
+
+    def forward(
+        self,
+        cache: RowCache,
+        rows: torch.Tensor,  # (N,) cache row of each query, non-decreasing
+        index: torch.Tensor,  # (N,) the entry each query writes
+        tokens: torch.Tensor,  # (N,) input ids
+        pos: torch.Tensor,  # (N,) positions
+        gen: torch.Tensor,  # (N,) generation indices
+        end: int,  # entries [0, end) of each row are read (after this forward's writes)
+        present: torch.Tensor | None = None,  # (N,) bool; None: all present
+        grid: tuple[int, int] | None = None,  # every cache row has exactly A queries (fixed shape)
+        kind: str = "step",  # "prefix", "prefill" or "step", for the counters
+    ) -> torch.Tensor:
+        """Hidden states (N, hidden) of the queries, after writing their keys/values in the cache."""
+        present = torch.ones_like(rows, dtype=torch.bool) if present is None else present
+        cache.mark(rows, index, pos, gen, present)
+        if grid is not None:
+            b, A = grid
+            read_rows, place = None, None
+        else:
+            read_rows, counts = torch.unique_consecutive(rows, return_counts=True)
+            b, A = read_rows.numel(), int(counts.max())
+            starts = torch.cumsum(counts, 0) - counts
+            group = torch.repeat_interleave(torch.arange(b, device=rows.device), counts)
+            place = group * A + torch.arange(rows.numel(), device=rows.device) - starts[group]  # (N,) in (b, A)
+            if b == cache.rows and bool((read_rows == torch.arange(b, device=rows.device)).all()):
+                read_rows = None
+        grid_pos, grid_gen, grid_index = (self._grid(x, b, A, place, fill) for x, fill in
+                                          ((pos, 0), (gen, 0), (index, cache.scratch)))  # fmt: skip
+        keys = cache.keys_of(read_rows, end)
+        own = grid_index.clamp(max=end - 1)  # padding queries (index: scratch) see some entry, no NaN
+        mask = self.mask(lambda window: masks.allowed(*keys, grid_pos, grid_gen, own, window))
+        packed = self.packed and place is not None
+        if packed:
+            ids, positions, kwargs = tokens[None], pos[None], {"unpack": place}
+            write_rows, write_index = rows, index
+        else:
+            ids, positions, kwargs = self._grid(tokens, b, A, place, self.pad_id), grid_pos, {}
+            write_rows = (read_rows if read_rows is not None else torch.arange(b, device=rows.device))
+            write_rows, write_index = write_rows.repeat_interleave(A), grid_index.reshape(-1)
+        cache.write = Write(write_rows, write_index, read_rows, end, kind, b)
+        self.counts[kind] += 1
+        self.tokens[kind] += ids.numel()
+        context = engine_attention(self.body.config) if self.engine_sdpa else nullcontext()
+        with context:
+            out = self.body(
+                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs
+            ).last_hidden_state
+        cache.write = None
+        if packed:
+            return out[0]
+        return out.reshape(b * A, -1) if place is None else out.reshape(b * A, -1)[place]
+
+    @staticmethod
+    def _grid(values: torch.Tensor, b: int, A: int, place: torch.Tensor | None, fill: int) -> torch.Tensor:
+        """(N,) flat values -> (b, A), padding with ``fill`` (identity reshape for a full grid)."""
+        if place is None:
+            return values.reshape(b, A)
+        out = torch.full((b * A,), fill, dtype=values.dtype, device=values.device)
+        out[place] = values
+        return out.view(b, A)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits

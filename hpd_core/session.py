@@ -1,0 +1,152 @@
+"""Continuous batching over a fixed set of cache rows, with shared prompt prefixes.
+
+A ``Session`` decodes a queue of prompts with ``rows`` cache rows (``RowCache``, sized once for
+the session's longest prompt and largest answer). Its loop:
+
+    retire  rows whose prompt is finished give their result and become free
+    admit   free rows take the next waiting prompts: each row gets its shared prefix's keys and
+            values (computed once, kept in the ``PrefixStore`` across batches and calls), then
+            one prefill forward over all admitted rows' remaining prompt tokens
+    step    one forward over every busy row's next queries (the decoder's ``step``)
+
+so rows stay full while prompts wait (continuous batching), and a category's instructions and
+attribute list are prefilled once, not once per prompt. A prompt decoded this way gives the same
+tokens as decoded alone (tests/hpd_core/test_session.py). The decoders (engine.HPDSession,
+autoregressive.ARSession) say what a row does after its prefill, per step, and when it is done;
+turning a finished row's tokens into text and values runs on a background thread meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+
+import torch
+
+from hpd_core.kvcache import Prefix, PrefixStore, RowCache
+from hpd_core.runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a session prefills for one request.
+
+    ids, positions: the prompt's tokens and their positions; prefix: how many leading tokens are
+    the shared prefix (0: none); outputs: indices whose hidden states the decoder needs.
+    """
+
+    ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    prefix: int
+    outputs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.prefix <= min(self.outputs):
+            raise ValueError(f"shared prefix of {self.prefix} tokens covers an output at {min(self.outputs)}")
+
+
+class Session:
+    """The loop; subclasses implement ``start``, ``step``, ``done``, ``outputs`` and ``parse``."""
+
+    def __init__(self, runner: ModelRunner, prefixes: PrefixStore, prompts: list[Prompt], rows: int, capacity: int):
+        self.runner = runner
+        self.prefixes = prefixes
+        self.prompts = prompts
+        self.rows = rows
+        self.cache: RowCache = runner.new_cache(rows, capacity)
+        self.queue = deque(range(len(prompts)))
+        self.item: list[int | None] = [None] * rows  # the prompt each row decodes
+        self.results: dict[int, object] = {}
+
+    def run(self, parser: Executor | None = None) -> list:
+        """Decode every prompt; results in prompt order. A finished row's outputs are copied to the
+        host at once and parsed on ``parser`` (a background thread) while the model computes on."""
+        pending: dict[int, Future] = {}
+        while True:
+            for row in self.done():
+                item = self.item[row]
+                outputs = self.outputs(row, item)
+                pending[item] = parser.submit(self.parse, item, outputs) if parser else _done(self.parse(item, outputs))
+                self.item[row] = None
+            self.admit()
+            if all(item is None for item in self.item):
+                break
+            self.step()
+        return [pending[i].result() for i in range(len(self.prompts))]
+
+    def admit(self) -> None:
+        free = [row for row in range(self.rows) if self.item[row] is None]
+        taken = [(row, self.queue.popleft()) for row in free[: len(self.queue)]]
+        if not taken:
+            return
+        rows = torch.tensor([row for row, _ in taken], device=self.runner.device)
+        self.cache.clear_rows(rows)
+        for row, item in taken:
+            self.item[row] = item
+            prompt = self.prompts[item]
+            if prompt.prefix:
+                self.cache.copy_prefix(row, self.prefix(prompt.ids[: prompt.prefix]))
+        hidden = self.prefill([self.prompts[item] for _, item in taken], rows)
+        self.start([row for row, _ in taken], [item for _, item in taken], hidden)
+
+    def prefill(self, prompts: list[Prompt], rows: torch.Tensor) -> list[torch.Tensor]:
+        """One forward over the prompts' tokens after their prefixes, into ``rows``; per prompt the
+        hidden states at its ``outputs`` (n_outputs, hidden)."""
+        dev = self.runner.device
+        spans = [range(p.prefix, len(p.ids)) for p in prompts]
+        flat = lambda values: torch.tensor([v for p, span in zip(prompts, spans) for v in values(p, span)], device=dev)
+        hidden = self.runner.forward(
+            self.cache,
+            rows.repeat_interleave(torch.tensor([len(span) for span in spans], device=dev)),
+            flat(lambda p, span: span),
+            flat(lambda p, span: p.ids[span.start :]),
+            flat(lambda p, span: p.positions[span.start :]),
+            torch.zeros(sum(len(span) for span in spans), dtype=torch.long, device=dev),
+            end=max(len(p.ids) for p in prompts),
+            kind="prefill",
+        )
+        out, start = [], 0
+        for p, span in zip(prompts, spans):
+            out.append(hidden[[start + i - span.start for i in p.outputs]])
+            start += len(span)
+        return out
+
+    def prefix(self, ids: tuple[int, ...]) -> Prefix:
+        """The keys and values of a shared prefix: from the store, or one forward over it alone."""
+        prefix = self.prefixes.get(ids)
+        if prefix is None:
+            dev, n = self.runner.device, len(ids)
+            cache = self.runner.new_cache(1, n + 1)
+            arange = torch.arange(n, device=dev)
+            self.runner.forward(cache, torch.zeros_like(arange), arange, torch.tensor(ids, device=dev), arange,
+                                torch.zeros_like(arange), end=n, kind="prefix")  # fmt: skip
+            prefix = cache.take_prefix(0, n)
+            self.prefixes.put(ids, prefix)
+        return prefix
+
+    # -- the decoder's part ------------------------------------------------------------------
+    def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:
+        """Rows just prefilled: ``hidden[i]`` are the hidden states at prompt ``items[i]``'s outputs."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def done(self) -> list[int]:
+        """Busy rows whose prompt is finished."""
+        raise NotImplementedError
+
+    def outputs(self, row: int, item: int):
+        """What the result of the prompt in ``row`` is made from, copied off the row (host data)."""
+        raise NotImplementedError
+
+    def parse(self, item: int, outputs):
+        """The result of prompt ``item`` from its outputs (host work only: text, parsing)."""
+        raise NotImplementedError
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future

@@ -1,0 +1,195 @@
+"""Sessions (hpd_core/session.py): a prompt decoded with a shared prefix and in a refilled row
+equals the same prompt decoded alone without sharing, token for token (float32), for HPD and the
+baseline on every tiny architecture; fixed-shape steps equal the oracle too; the cache and the
+packed attention against their plain definitions."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hpd_core.attention import engine_sdpa
+from hpd_core.autoregressive import AutoregressiveDecoder
+from hpd_core.config import DecodeConfig
+from hpd_core.decoders import make_decoder
+from hpd_core.engine import HPDDecoder
+from hpd_core.layout import build_layout, shared_prefix_length
+from hpd_core.prompts import shared_prefix_text
+from hpd_core.reference import AutoregressiveReference
+from hpd_core.types import Attribute, Product, Request
+
+from .conftest import ARCHITECTURES, random_request, random_text
+
+
+def category_requests(rng: random.Random, n: int) -> list[Request]:
+    """``n`` prompts of one category and attribute list (one shared prefix), 1..3 products each,
+    plus two prompts of another category."""
+    attributes = tuple(Attribute(f"attr {i} {random_text(rng, 1)}") for i in range(rng.randint(1, 3)))
+    shared = [
+        Request("Shoes", attributes, tuple(Product(f"p{i}{j}", random_text(rng, rng.randint(1, 8))) for j in range(rng.randint(1, 3))))
+        for i in range(n)
+    ]
+    return shared + [random_request(rng, rng.randint(1, 3), rng.randint(1, 3)) for _ in range(2)]
+
+
+def alone(config: DecodeConfig) -> DecodeConfig:
+    """One prompt at a time, no shared prefix: the plainest way the engine can decode."""
+    return DecodeConfig(max_value_tokens=config.max_value_tokens, prefix_cache=0, max_batch_size=1,
+                        step_shape=config.step_shape)  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+def test_hpd_prefix_reuse_and_row_refill_equal_decoding_alone(models, tokenizer, arch, step_shape):
+    rng = random.Random(ARCHITECTURES.index(arch))
+    requests = category_requests(rng, 5)
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=2, step_shape=step_shape)  # 2 rows, 7 prompts
+    decoder = make_decoder("hpd", models[arch], tokenizer, config)
+    batched = decoder.decode(requests)
+    assert decoder.prefixes.hits >= 4  # the shared prefix was prefilled once, then reused
+    assert decoder.runner.counts["prefill"] > 1  # rows were refilled
+    single = make_decoder("hpd", models[arch], tokenizer, alone(config))
+    for request, result in zip(requests, batched):
+        expected = single.decode([request])[0]
+        assert result.extra["slot_tokens"] == expected.extra["slot_tokens"]
+        assert (result.values, result.forward_passes) == (expected.values, expected.forward_passes)
+    assert single.prefixes.hits == 0
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+def test_baseline_prefix_reuse_and_row_refill_equal_decoding_alone(models, tokenizer, arch, step_shape):
+    rng = random.Random(10 + ARCHITECTURES.index(arch))
+    requests = category_requests(rng, 5)
+    config = DecodeConfig(max_value_tokens=2, max_batch_size=2, step_shape=step_shape, check_every=3)
+    decoder = AutoregressiveDecoder(models[arch], tokenizer, config)
+    batched = decoder.decode(requests)
+    assert decoder.prefixes.hits >= 4
+    assert decoder.runner.counts["prefill"] > 1
+    single = AutoregressiveDecoder(models[arch], tokenizer, alone(config))
+    oracle = AutoregressiveReference(models[arch], tokenizer, config)
+    for request, result in zip(requests, batched):
+        expected = single.decode([request])[0]
+        assert result.extra["text"] == expected.extra["text"] == oracle.decode([request])[0].extra["text"]
+        assert (result.values, result.forward_passes) == (expected.values, expected.forward_passes)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fixed_steps_equal_the_oracle(models, tokenizer, arch):
+    """Fixed-shape steps (every slot fed, finished ones absent, host read every few steps) give
+    the oracle's tokens and pass counts."""
+    rng = random.Random(20 + ARCHITECTURES.index(arch))
+    requests = [random_request(rng, rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 12)) for _ in range(4)]
+    config = DecodeConfig(max_value_tokens=7, step_shape="fixed", check_every=3)
+    fast = make_decoder("hpd", models[arch], tokenizer, config).decode(requests)
+    slow = make_decoder("reference", models[arch], tokenizer, config).decode(requests)
+    assert [r.extra["slot_tokens"] for r in fast] == [r.extra["slot_tokens"] for r in slow]
+    assert [r.forward_passes for r in fast] == [r.forward_passes for r in slow]
+
+
+def test_shared_prefix_is_the_prompts_own_tokens(tokenizer):
+    """The shared prefix is a token prefix of every prompt of the category, ends before the first
+    product's text, and is the same for prompts of one category and attribute list."""
+    rng = random.Random(3)
+    requests = category_requests(rng, 4)[:4]
+    lengths = []
+    for skeleton in ("after-products", "interleaved"):
+        for request in requests:
+            layout = build_layout(request, tokenizer, 4, skeleton)
+            text = shared_prefix_text(request, tokenizer, skeleton)
+            n = shared_prefix_length(tokenizer, text, layout.input_ids, min(layout.anchor_index))
+            assert 0 < n <= min(layout.anchor_index)
+            assert request.products[0].title not in tokenizer.decode(layout.input_ids[:n])
+            lengths.append((skeleton, tuple(layout.input_ids[:n])))
+    assert len(set(lengths)) == 2  # one prefix per skeleton for the whole category
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 4), (6, 2)])
+def test_packed_grouped_attention_equals_repeated_kv(heads, kv_heads):
+    """engine_sdpa on packed queries, K/V not repeated == plain SDPA per row with repeated K/V."""
+    torch.manual_seed(0)
+    rows, A, C, D = 3, 4, 9, 8
+    counts = [4, 1, 3]
+    place = torch.tensor([r * A + c for r, n in enumerate(counts) for c in range(n)])
+    query = torch.randn(1, heads, len(place), D)
+    key, value = torch.randn(rows, kv_heads, C, D), torch.randn(rows, kv_heads, C, D)
+    allowed = torch.rand(rows, 1, A, C) > 0.4
+    allowed[..., 0] = True
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    out, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=place)
+    rep = heads // kv_heads
+    for i, p in enumerate(place.tolist()):
+        r, c = divmod(p, A)
+        q = query[0, :, i : i + 1]  # (H, 1, D)
+        k, v = key[r].repeat_interleave(rep, 0), value[r].repeat_interleave(rep, 0)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[r, :, c : c + 1], scale=0.3)
+        torch.testing.assert_close(out[0, i], expected[:, 0], atol=1e-6, rtol=0)
+
+
+def test_prefix_store_keeps_the_most_recently_used():
+    from hpd_core.kvcache import Prefix, PrefixStore
+
+    store = PrefixStore(2)
+    entry = Prefix(1, [], [])
+    store.put((1,), entry)
+    store.put((2,), entry)
+    assert store.get((1,)) is entry  # (1,) is now the most recent
+    store.put((3,), entry)
+    assert store.get((2,)) is None and store.get((1,)) is entry and store.get((3,)) is entry
+    assert (store.hits, store.misses) == (3, 1)
+    off = PrefixStore(0)
+    off.put((1,), entry)
+    assert off.get((1,)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_cuda_fixed_steps_equal_the_cpu_oracle(tokenizer, arch):
+    """On CUDA (fixed steps by default), float32: HPD and the baseline == their CPU oracles."""
+    from .conftest import tiny_model
+
+    rng = random.Random(30)
+    requests = category_requests(rng, 3)
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=2)
+    cpu_model = tiny_model(arch, len(tokenizer))
+    gpu_model = tiny_model(arch, len(tokenizer)).cuda()
+    assert config.fixed_steps("cuda")
+    oracle = make_decoder("reference", cpu_model, tokenizer, config).decode(requests)
+    gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
+    assert [r.extra["slot_tokens"] for r in gpu] == [r.extra["slot_tokens"] for r in oracle]
+    ar_oracle = AutoregressiveReference(cpu_model, tokenizer, config).decode(requests)
+    ar_gpu = AutoregressiveDecoder(gpu_model, tokenizer, config).decode(requests)
+    assert [r.extra["text"] for r in ar_gpu] == [r.extra["text"] for r in ar_oracle]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bfloat16_agrees_with_float32_mostly(tokenizer):
+    """bf16 on CUDA against float32: the share of slots with the same tokens (printed; most)."""
+    from .conftest import tiny_model
+
+    rng = random.Random(31)
+    requests = [random_request(rng, 3, 3) for _ in range(8)]
+    config = DecodeConfig(max_value_tokens=6)
+    f32 = make_decoder("hpd", tiny_model("llama", len(tokenizer)).cuda(), tokenizer, config).decode(requests)
+    bf16 = make_decoder("hpd", tiny_model("llama", len(tokenizer)).cuda().bfloat16(), tokenizer, config).decode(requests)
+    pairs = [(a, b) for ra, rb in zip(f32, bf16) for a, b in zip(ra.extra["slot_tokens"], rb.extra["slot_tokens"])]
+    agreement = sum(a == b for a, b in pairs) / len(pairs)
+    print(f"bf16 vs float32 slot agreement on CUDA: {agreement:.3f}")
+    assert agreement >= 0.5
+
+
+def test_decode_stream_tokenizes_ahead_and_equals_decode(models, tokenizer):
+    """decode_stream: batch k + 1 is tokenized on a background thread while batch k decodes; the
+    results are decode's, batch by batch, for HPD and the baseline."""
+    rng = random.Random(40)
+    batches = [category_requests(rng, 2), [random_request(rng, 2, 2)], category_requests(rng, 1)]
+    config = DecodeConfig(max_value_tokens=4)
+    for decoder in (make_decoder("hpd", models["qwen3"], tokenizer, config), AutoregressiveDecoder(models["qwen3"], tokenizer, config)):
+        key = "slot_tokens" if decoder.name == "hpd" else "text"
+        streamed = list(decoder.decode_stream(batches))
+        assert [[r.extra[key] for r in rs] for rs in streamed] == [[r.extra[key] for r in decoder.decode(b)] for b in batches]
