@@ -71,7 +71,7 @@ def from_args(args: argparse.Namespace) -> JobConfig:
     read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows))
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
-    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens))
+    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton))
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
     arguments = {
         "input": input_uri,

@@ -11,6 +11,8 @@ import importlib.util
 import logging
 import sys
 
+from hpd_core.config import SKELETONS
+
 DECODER_CHOICES = ("hpd", "ar", "reference", "dry-run")  # pipelines.extract_stage.EXTRACT_DECODERS
 
 
@@ -26,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="model weights and compute (default float32)")
     parser.add_argument("--docs-per-prompt", type=int, metavar="J", help="products of one category per prompt")
     parser.add_argument("--max-value-tokens", type=int, metavar="K", help="longest value in tokens (K_max)")
+    parser.add_argument("--skeleton", choices=SKELETONS,
+                        help="where HPD's keys go: after-products or interleaved (as the model was fine-tuned)")
     parser.add_argument("--price-per-gpu-hour", type=float, metavar="USD", help="for the report's $ per 1k products")
     parser.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, a running local cluster, or a new one; "
