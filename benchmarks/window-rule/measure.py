@@ -10,7 +10,7 @@ sliding-window layers (Gemma 3 270M, zero-shot) under three rules for its slidin
 Data: OA-Mine *train* products (never test), the first PER_CATEGORY of each category, stacked J per
 prompt, both skeletons. Lower mean loss per gold value token = the rule the model reads better.
 
-    python benchmarks/window-rule/measure.py [--per-category 6] [--model gemma3-270m]
+    python benchmarks/window-rule/measure.py [--per-category 6] [--docs 1 6] [--model gemma3-270m]
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--train", default="work/oa-train")
     parser.add_argument("--per-category", type=int, default=6)
+    parser.add_argument("--docs", type=int, nargs="+", default=[1, 6], help="J values to measure")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     args = parser.parse_args()
     model, tokenizer = load_model(ModelConfig(name=args.model))
@@ -89,7 +90,7 @@ def main() -> None:
             products.append(p)
     rows = []
     for skeleton in ("after-products", "interleaved"):
-        for docs in (1, 6):
+        for docs in args.docs:
             config = TrainConfig(docs_per_prompt=docs, skeleton=skeleton)
             examples = stack_examples(products, data.attributes, docs, random.Random(0))
             feats = to_features(tokenizer, examples, config)
