@@ -36,7 +36,7 @@ from bench.report import report_header
 from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
-from hpd_core.config import ATTENTION, DTYPES, DecodeConfig
+from hpd_core.config import ATTENTION, DTYPES, SKELETONS, DecodeConfig
 
 
 def _ints(text: str) -> list[int]:
@@ -90,6 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-value-tokens", type=int, help=f"K_max (default {DecodeConfig.max_value_tokens}, or --value-tokens-max if larger)")
     d.add_argument("--batch-size", type=int, default=DecodeConfig.max_batch_size, help="most prompts per batch")
     d.add_argument("--batch-token-budget", type=int, default=DecodeConfig.batch_token_budget)
+    d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
+                   help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
     t = parser.add_argument_group("timing")
     t.add_argument("--warmup-requests", type=int, default=TimingConfig.warmup_requests)
     t.add_argument("--repeats", type=int, default=TimingConfig.repeats)
@@ -128,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)
-    decode_cfg = DecodeConfig(max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size)
+    decode_cfg = DecodeConfig(max_value_tokens=K, batch_token_budget=args.batch_token_budget,
+                              max_batch_size=args.batch_size, skeleton=args.skeleton)
     timing = TimingConfig(warmup_requests=args.warmup_requests, repeats=args.repeats, matmul_size=args.matmul_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
     train.add_argument("--max-docs-per-prompt", type=int, metavar="J_MAX",
                        help="train on a mix of J: each prompt draws J from --docs-per-prompt..J_MAX")
-    train.add_argument("--skeleton", choices=SKELETONS, help="where HPD's keys go (default after-products); extract with the same")
+    train.add_argument("--skeleton", choices=SKELETONS, help="where HPD's keys go (default interleaved); extract with the same")
     train.add_argument("--train-embeddings", action="store_true", help="with --full, also train the token embeddings / LM head")
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
     train.add_argument("--checkpoint-minutes", type=float, help="save the training state this often (default 5) in OUT/checkpoint/")
