@@ -163,7 +163,7 @@ def build_index(
     started, name = time.time(), uuid.uuid4().hex[:12]
     build = io.join(output_uri, INDEX_DIR, name)
     earlier = find_earlier(skip_existing, output_uri) if skip_existing else EarlierIds()
-    task = {"num_cpus": config.cpus}
+    task = {"num_cpus": config.cpus, "retry_exceptions": True}  # e.g. S3 errors; the tasks' writes are idempotent
     limit = config.ids_per_partition
     mapped = ray.get([MAP_SHARD.options(**task).remote(shard, ordinal, prepare, build, limit)
                       for ordinal, shard in enumerate(shards)])

@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--out", type=Path, required=True, help="where scale.json and scale.md go")
-    parser.add_argument("--work", type=Path, default=Path("work/pipeline-scale"), help="inputs and outputs (large)")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hpd-pipeline-scale",
+                        help="inputs and outputs (about 1.5 GB at 10M rows; inputs are kept and reused)")
     parser.add_argument("--note", default="", help="a line about the machine or the run, for scale.md")
     parser.add_argument("extra", nargs="*", help="more `hpd extract` arguments (after --)")
     args = parser.parse_args(argv)
