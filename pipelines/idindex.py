@@ -1,31 +1,35 @@
 """The id index: every row's dedup / skip-existing verdict, decided once per output, in bounded memory.
 
-Before the pipeline starts, the job decides which rows another row's product id belongs to
-(the rule is in pipelines/dedup.py) with one map step and one reduce step over hash partitions
-(pipelines/idruns.py), all in Ray tasks, all files under the output:
+Before the pipeline starts, the job decides for every input row whether an earlier row owns its
+product id (a duplicate) or an earlier output already holds it (--skip-existing); the rule is in
+pipelines/dedup.py. It takes one map and one reduce step over hash partitions of the ids
+(pipelines/idruns.py), in Ray tasks (pipelines/idtasks.py), with every file under the output:
 
 ```
-shards ──map_shard (a task per shard)──▶ runs: (id, hash, shard, row, valid), slotted by fine partition   _dedup/<build>/map/
-earlier outputs (--skip-existing): their id files, or their manifests ──map_manifests──▶ runs of ids      _dedup/<build>/map/
-        ──reduce_interval (a task per hash interval)──▶ verdicts, slotted by shard (only rows that have one)  _dedup/<build>/verdicts/
-                                                    ──▶ the ids this output holds (for later --skip-existing) _dedup/<build>/ids/
-_dedup/_index.json: per shard its row count and the byte ranges of its verdicts; the id files (written last: the commit)
+shards ──map_shard, a task per shard──▶ runs of (id, hash, shard, row, valid) by fine partition    _dedup/<build>/map/
+earlier outputs: unfinished ones' manifests ──map_manifests──▶ runs of ids by fine partition          _dedup/<build>/map/
+runs + finished earlier outputs' id files (slotted alike) ──reduce_interval, a task per hash interval──▶
+        verdicts of the rows that have one (duplicates, skipped), grouped by shard                 _dedup/<build>/verdicts/
+        the ids this output holds, by fine partition, for later --skip-existing runs                _dedup/<build>/ids/
+_dedup/_index.json (written last): per shard its rows and the byte ranges of its verdicts; the id files:
+        fine partitions [lo, hi) with their counts and byte offsets
 ```
 
-The driver adds up the ids per fine partition and cuts the hash space into intervals of at most
-``ids_per_partition`` ids (input and earlier outputs together). The prepare stage reads only its own
-shard's verdicts (normally none: only duplicates and skipped rows have one).
+The driver adds up the map tasks' ids per fine partition and cuts the hash space into intervals of
+at most ``ids_per_partition`` ids (input and earlier outputs together). The prepare stage then reads
+only its own shard's verdicts (normally none).
 
-Why memory is bounded. A map task holds at most ``ids_per_partition`` id rows (it writes a run and
-starts the next); a reduce task holds one interval's ids (at most ``ids_per_partition``, plus at most
-the rest of two earlier id files cut at its edges); a prepare task one verdict byte per row of its
-shard. The driver holds byte offsets (32 KB per run, one run per ``ids_per_partition`` ids), never ids.
-A bigger catalog means more runs, intervals and tasks, not bigger ones (up to ``FINE_PARTITIONS`` x
-``ids_per_partition`` ids, 4 billion at the default, beyond which one fine partition outgrows it).
+Why memory is bounded. A map task holds about ``ids_per_partition`` id rows at most (it writes a run
+and starts the next); a reduce task one interval's ids, from this input and earlier outputs (at most
+``ids_per_partition``: every source is read by byte range, exactly the interval); a prepare task one
+verdict byte per row of its shard. The driver holds counts and byte offsets (64 KB per run or id
+file, one per ``ids_per_partition`` ids), never ids. A bigger catalog means more runs, intervals and
+tasks, not bigger ones (up to ``FINE_PARTITIONS`` x ``ids_per_partition`` ids, 4 billion at the
+default; past that, a single fine partition holds more than ``ids_per_partition``).
 
-Resume. ``_index.json`` is written after every verdict file, and before any chunk. A resumed run
-reads it, and no ids; an index that was not finished is built again (no chunk was committed yet),
-into a new ``<build>`` directory so that a killed attempt's late writes cannot mix in.
+Resume. ``_index.json`` is written after every file it names and before any chunk is processed. A
+resumed run reads it and no ids; an index that was not finished is built again (no chunk can have
+been committed), into a new ``<build>`` directory so that a killed attempt's late writes cannot mix in.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ import pyarrow.fs as pafs
 import ray
 
 from pipelines import commit, dedup, io, reader
-from pipelines.idruns import FINE_PARTITIONS, SHIFT, read_slots
-from pipelines.idtasks import MAP_MANIFESTS, MAP_SHARD, REDUCE_INTERVAL, ranges
+from pipelines.idruns import FINE_BITS, FINE_PARTITIONS, read_slots
+from pipelines.idtasks import MAP_MANIFESTS, MAP_SHARD, REDUCE_INTERVAL, Run, id_run, ranges
 
 if TYPE_CHECKING:  # prepare imports this module
     from pipelines.prepare import PrepareConfig
@@ -83,7 +87,7 @@ class EarlierIds:
     """Where the product ids of earlier outputs are (--skip-existing)."""
 
     outputs: tuple[str, ...] = ()
-    id_files: tuple[dict, ...] = ()  # finished outputs with an index: {"uri", "hash_lo", "hash_hi", "count"}
+    id_runs: tuple[Run, ...] = ()  # finished outputs with an index: their id files
     manifests: tuple[str, ...] = ()  # the others (unfinished, or from older versions): committed manifests
 
 
@@ -106,24 +110,24 @@ def find_earlier(prefix: str, exclude: str) -> EarlierIds:
     """The outputs under ``prefix`` except ``exclude`` (this run's own, which resume covers) and
     where their ids are: a finished output's index, or the committed manifests of any other."""
     own = exclude.rstrip("/")
-    outputs, id_files, manifests = [], [], []
+    outputs, id_runs, manifests = [], [], []
     for root in output_roots(prefix):
         if root == own or root.startswith(own + "/"):
             continue
         outputs.append(root)
         marker = io.join(root, INDEX_DIR, MARKER)
-        if io.exists(io.join(root, "_report.json")) and io.exists(marker):
-            index = io.read_json(marker)
+        index = io.read_json(marker) if io.exists(io.join(root, "_report.json")) and io.exists(marker) else {}
+        if index.get("fine_bits") == FINE_BITS:
             build = io.join(root, INDEX_DIR, index["build"])
-            id_files += [dict(file, uri=io.join(build, file["uri"])) for file in index["ids"]]
+            id_runs += [id_run(io.join(build, f["uri"]), f["lo"], f["hi"], f["counts"], f["offsets"]) for f in index["ids"]]
         else:
             manifests += commit.scan(root).manifests
     if outputs:
         log.info("--skip-existing: %d earlier outputs under %s (%d id files, %d manifests)", len(outputs), prefix,
-                 len(id_files), len(manifests))
+                 len(id_runs), len(manifests))
     else:  # e.g. the first nightly run: nothing done yet
         log.warning("--skip-existing %s: no earlier output there; nothing to skip", prefix)
-    return EarlierIds(tuple(outputs), tuple(id_files), tuple(manifests))
+    return EarlierIds(tuple(outputs), tuple(id_runs), tuple(manifests))
 
 
 def cut(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
@@ -168,23 +172,18 @@ def build_index(
     mapped = ray.get([MAP_SHARD.options(**task).remote(shard, ordinal, prepare, build, limit)
                       for ordinal, shard in enumerate(shards)])
     groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
-    earlier_runs = [run for runs in ray.get([MAP_MANIFESTS.options(**task).remote(i, group, build, limit)
-                                             for i, group in enumerate(groups)]) for run in runs]
+    mapped_earlier = [run for runs in ray.get([MAP_MANIFESTS.options(**task).remote(i, group, build, limit)
+                                               for i, group in enumerate(groups)]) for run in runs]
     runs = [run for shard in mapped for run in shard["runs"]]
-    log.info("id index: %d shards mapped into %d runs, %d runs of earlier outputs (%.1f s)", len(shards), len(runs),
+    earlier_runs = mapped_earlier + list(earlier.id_runs)
+    log.info("id index: %d shards mapped into %d runs; %d runs of earlier outputs (%.1f s)", len(shards), len(runs),
              len(earlier_runs), time.time() - started)
 
     counts = sum((run.counts for run in runs + earlier_runs), np.zeros(FINE_PARTITIONS, np.int64))
-    for file in earlier.id_files:  # their ids spread evenly over their fine partitions
-        lo, hi = file["hash_lo"] >> SHIFT, -(-file["hash_hi"] >> SHIFT)
-        counts[lo:hi] += file["count"] // max(1, hi - lo)
     intervals = cut(counts, limit)
-    refs = []
-    for number, (lo, hi) in enumerate(intervals):
-        files = [f["uri"] for f in earlier.id_files if f["hash_lo"] < hi << SHIFT and f["hash_hi"] > lo << SHIFT]
-        refs.append(REDUCE_INTERVAL.options(**task).remote(
-            number, lo, hi, ranges(runs, lo, hi), ranges(earlier_runs, lo, hi), files, len(shards), build))
-    reduced = ray.get(refs)
+    reduced = ray.get([REDUCE_INTERVAL.options(**task).remote(
+        number, lo, hi, ranges(runs, lo, hi), ranges(earlier_runs, lo, hi), len(shards), build)
+        for number, (lo, hi) in enumerate(intervals)])
 
     verdicts = [[] for _ in shards]
     for result in reduced:
@@ -193,8 +192,8 @@ def build_index(
     index = {
         "build": name,
         "shards": [{"shard_id": s.shard_id, "rows": m["rows"], "verdicts": v} for s, m, v in zip(shards, mapped, verdicts)],
-        "ids": [{"uri": r["ids"], "hash_lo": lo << SHIFT, "hash_hi": hi << SHIFT, "count": r["ids_count"]}
-                for r, (lo, hi) in zip(reduced, intervals) if r["ids"]],
+        "ids": [r["ids"] for r in reduced if r["ids"]],  # their slots [lo, hi): counts and byte offsets
+        "fine_bits": FINE_BITS,
         "ids_per_partition": limit,
         "earlier_outputs": list(earlier.outputs),
         "duplicates": sum(r["duplicates"] for r in reduced),
@@ -202,7 +201,7 @@ def build_index(
         "seconds": round(time.time() - started, 3),
     }
     io.write_json(io.join(output_uri, INDEX_DIR, MARKER), index)
-    for run in runs + earlier_runs:
+    for run in runs + mapped_earlier:
         io.delete_if_exists(run.uri)
     log.info("id index: %d intervals, %d duplicates, %d rows already in earlier outputs (%.1f s)", len(intervals),
              index["duplicates"], index["existing"], index["seconds"])

@@ -1,9 +1,9 @@
 """The id index's Ray tasks (pipelines/idindex.py plans them): map a shard, map earlier manifests, reduce an interval.
 
-Each task reads and writes whole files under the index's build directory, holds at most
-``limit`` id rows at a time (a reduce task: its interval's), and returns only small metadata: row
-counts and byte offsets per fine partition, or per shard. Writes are deterministic (same input, same
-bytes), so a retried task rewrites what it wrote before.
+Each task reads and writes whole files under the index's build directory, holds about ``limit`` id
+rows at most (a map task: ``limit`` plus one chunk; a reduce task: its interval's), and returns only
+small metadata: row counts and byte offsets per fine partition, or per shard. A retried task writes
+the same rows to the same files again.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow as pa
 import ray
 
 from pipelines import dedup, io, reader
-from pipelines.idruns import FINE_PARTITIONS, SHIFT, fine_partitions, id_hash, read_slots, write_slotted
+from pipelines.idruns import FINE_PARTITIONS, fine_partitions, id_hash, read_slots, write_slotted
 
 if TYPE_CHECKING:  # prepare imports idindex, which imports this module
     from pipelines.prepare import PrepareConfig
@@ -24,13 +24,15 @@ if TYPE_CHECKING:  # prepare imports idindex, which imports this module
 
 @dataclass(frozen=True)
 class Run:
+    """A slotted file of ids, one slot per fine partition: a map task's run, or an output's id file."""
+
     uri: str
     counts: np.ndarray  # ids per fine partition
     offsets: np.ndarray  # byte offset of each fine partition's slot, and the end
 
 
 class _RunWriter:
-    """Collects id tables and writes them as runs of at least ``limit`` rows (slotted by fine partition)."""
+    """Collects id tables (a chunk's each) and writes a run as soon as it holds ``limit`` rows or more."""
 
     def __init__(self, prefix: str, limit: int) -> None:
         self.prefix, self.limit, self.pending, self.rows, self.runs = prefix, limit, [], 0, []
@@ -70,31 +72,37 @@ def map_manifests(number: int, manifests: list[str], build: str, limit: int) -> 
     return writer.flush()
 
 
-def reduce_interval(
-    number: int, lo: int, hi: int, inputs: list, earlier_runs: list, earlier_files: list, shards: int, build: str
-) -> dict:
-    """Reduce step of fine partitions [lo, hi): decide their rows, write verdicts (by shard) and held ids."""
-    start, end = lo << SHIFT, hi << SHIFT
+def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, shards: int, build: str) -> dict:
+    """Reduce step of fine partitions [lo, hi): decide their rows; write the verdicts (slotted by shard)
+    and the ids this output holds (slotted by fine partition). ``inputs``: byte ranges of input runs,
+    ``earlier``: of earlier outputs' ids, as (uri, start, end)."""
     rows = _concat([read_slots(*part, dedup.ID_ROWS_SCHEMA) for part in inputs], dedup.ID_ROWS_SCHEMA)
-    existing = [read_slots(*part, dedup.DONE_IDS_SCHEMA)["product_id"] for part in earlier_runs]
-    for uri in earlier_files:  # an earlier output's id file: keep the ids in this interval
-        ids = io.table_from_bytes(io.read_bytes(uri))
-        hashes = ids["hash"].to_numpy()
-        existing.append(ids["product_id"].filter(pa.array((hashes >= start) & (hashes < end))))  # chunked
+    existing = [read_slots(*part, dedup.DONE_IDS_SCHEMA)["product_id"] for part in earlier]
     existing = pa.chunked_array([chunk for column in existing for chunk in column.chunks], pa.string())
     verdicts, done = dedup.decide(rows, existing)
-    result = {"verdicts": None, "slots": [], "ids": None, "ids_count": done.num_rows,
-              "duplicates": int((verdicts["verdict"].to_numpy() == dedup.Verdict.DUPLICATE).sum())}
-    result["existing"] = verdicts.num_rows - result["duplicates"]
+    duplicates = int((verdicts["verdict"].to_numpy() == dedup.Verdict.DUPLICATE).sum())
+    result = {"verdicts": None, "slots": [], "ids": None, "duplicates": duplicates,
+              "existing": verdicts.num_rows - duplicates}
     if verdicts.num_rows:
         result["verdicts"] = f"verdicts/{number:06d}.arrow"
         counts, offsets = write_slotted(io.join(build, result["verdicts"]), verdicts,
                                         verdicts["shard"].to_numpy(), shards)
         result["slots"] = [(s, offsets[s], offsets[s + 1]) for s in range(shards) if counts[s]]
     if done.num_rows:
-        result["ids"] = f"ids/{number:06d}.arrow"
-        io.write_bytes(io.join(build, result["ids"]), io.table_to_bytes(done))
+        uri = f"ids/{number:06d}.arrow"
+        counts, offsets = write_slotted(io.join(build, uri), done, fine_partitions(done["hash"]), FINE_PARTITIONS)
+        result["ids"] = {"uri": uri, "lo": lo, "hi": hi, "counts": counts[lo:hi], "offsets": offsets[lo : hi + 1]}
     return result
+
+
+def id_run(uri: str, lo: int, hi: int, counts: list[int], offsets: list[int]) -> Run:
+    """An output's id file as a run: its slots [lo, hi) (the others are empty)."""
+    full_counts = np.zeros(FINE_PARTITIONS, np.int64)
+    full_counts[lo:hi] = counts
+    full_offsets = np.full(FINE_PARTITIONS + 1, offsets[-1], np.int64)
+    full_offsets[: lo + 1] = offsets[0]
+    full_offsets[lo : hi + 1] = offsets
+    return Run(uri, full_counts, full_offsets)
 
 
 def ranges(runs: list[Run], lo: int, hi: int) -> list[tuple[str, int, int]]:

@@ -11,6 +11,7 @@ from pipelines import dedup
 from pipelines.dedup import Verdict
 from pipelines.idindex import cut
 from pipelines.idruns import FINE_PARTITIONS, fine_partitions, id_hash, read_slots, write_slotted
+from pipelines.idtasks import id_run, ranges
 
 IDS = ["a", "b", "B", "a ", "é", "\x00x", "😀", "p0000000001", "x" * 300]
 
@@ -94,3 +95,24 @@ def test_intervals_cover_every_fine_partition_within_the_bound(limit):
     assert all(a[1] == b[0] for a, b in zip(intervals, intervals[1:]))
     for lo, hi in intervals:
         assert counts[lo:hi].sum() <= limit or (counts[lo:hi] > 0).sum() == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=8), max_size=40, unique=True), st.data())
+def test_an_id_file_read_by_any_interval_gives_exactly_its_ids_there(tmp_path_factory, ids, data):
+    """An output's id file covers fine partitions [lo, hi); a later run's interval [a, b) reads the
+    byte range of their overlap and gets exactly the ids there."""
+    hashes = [id_hash(i) for i in ids]
+    fine = fine_partitions(pa.array(hashes, pa.uint64()))
+    edges = st.sampled_from(sorted({0, FINE_PARTITIONS, *fine.tolist(), *(fine + 1).tolist()}))  # cut near ids
+    lo, hi = sorted(data.draw(st.lists(edges, min_size=2, max_size=2, unique=True)))
+    kept = [i for i, f in zip(ids, fine) if lo <= f < hi]
+    table = pa.table([pa.array(kept, pa.string()), pa.array([id_hash(i) for i in kept], pa.uint64())],
+                     schema=dedup.DONE_IDS_SCHEMA)
+    uri = str(tmp_path_factory.mktemp("ids") / "ids.arrow")
+    counts, offsets = write_slotted(uri, table, fine_partitions(table["hash"]), FINE_PARTITIONS)
+    run = id_run(uri, lo, hi, counts[lo:hi], offsets[lo : hi + 1])
+    a, b = sorted(data.draw(st.lists(edges, min_size=2, max_size=2, unique=True)))
+    got = [x for part in ranges([run], a, b) for x in read_slots(*part, dedup.DONE_IDS_SCHEMA)["product_id"].to_pylist()]
+    assert sorted(got) == sorted(i for i, f in zip(ids, fine) if max(lo, a) <= f < min(hi, b))
+    assert run.counts[a:b].sum() == len(got)
