@@ -56,11 +56,14 @@ def write_records(path: Path, rows: int) -> None:
             out.write("\n".join(lines) + "\n")
 
 
-def tree_pss(root: psutil.Process) -> int:
+def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float]) -> int:
+    """The summed PSS of the process tree now; updates each process's CPU time seen so far."""
     total = 0
     for process in [root, *root.children(recursive=True)]:
         try:
             total += process.memory_full_info().pss
+            times = process.cpu_times()
+            cpu_seconds[process.pid] = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return total
@@ -86,17 +89,20 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
     log = open(work / f"log-{rows}.txt", "wb")
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    root, peak, samples = psutil.Process(driver.pid), 0, 0
+    root, peak, samples, cpu_seconds = psutil.Process(driver.pid), 0, 0, {}
     while driver.poll() is None:
-        peak = max(peak, tree_pss(root))
+        peak = max(peak, sample_tree(root, cpu_seconds))
         samples += 1
         time.sleep(SAMPLE_SECONDS)
     wall = time.time() - started
+    cpu = sum(cpu_seconds.values())  # up to the last sample of each process
     if driver.returncode != 0:
         raise RuntimeError(f"hpd extract failed ({driver.returncode}); see {log.name}")
     report = json.loads((output / "_report.json").read_text())
     return {"rows": rows, "wall_seconds": round(wall, 1), "job_wall_seconds": report["wall_seconds"],
             "products_out": report["products_out"], "products_per_second": round(report["products_out"] / wall, 1),
+            "cpu_seconds": round(cpu, 1), "products_per_cpu_second": round(report["products_out"] / cpu, 1),
+            "load_average_1min": round(os.getloadavg()[0], 1),
             "peak_pss_mib": round(peak / 2**20), "pss_samples": samples, "rejected_by_stage": report["rejected_by_stage"],
             "duplicates_checked": check_duplicates(output, rows, report)}
 
@@ -123,13 +129,24 @@ def render(result: dict) -> str:
         f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
         f"{result['machine']['memory_gib']} GiB; {result['note']}",
         "",
-        "| rows | wall (s) | products/s | peak PSS of the process tree (MiB) | duplicates rejected as planted |",
-        "|---:|---:|---:|---:|---:|",
+        "| rows | wall (s) | products/s | CPU-seconds (process tree) | products per CPU-second "
+        "| peak PSS of the process tree (MiB) | duplicates rejected as planted | load average at the end |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in result["runs"]:
         lines.append(f"| {run['rows']:,} | {run['wall_seconds']} | {run['products_per_second']:,.0f} "
-                     f"| {run['peak_pss_mib']:,} | {run['duplicates_checked']} |")
-    lines += ["", f"Command: `{result['command']}`", ""]
+                     f"| {run['cpu_seconds']:,.0f} | {run['products_per_cpu_second']:,.0f} | {run['peak_pss_mib']:,} "
+                     f"| {run['duplicates_checked']} | {run['load_average_1min']} |")
+    lines += [
+        "",
+        "Products/s is products out over the wall time of the whole command (Ray start-up included). The",
+        "CPU-seconds are those of the driver and every process it started (sampled every second), so",
+        "products per CPU-second does not depend on what else ran on the machine; two dedicated cores",
+        "give at most twice that per second.",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+    ]
     return "\n".join(lines)
 
 
