@@ -1,13 +1,17 @@
 """Assemble and run the Ray Data job: prepare (CPU tasks) -> extract (actor pool) -> write (CPU tasks).
 
 ```
+shards ──id index (Ray tasks, once per output)──▶ per row: duplicate? already in an earlier output?      _dedup/
 shards ──prepare_shards──▶ chunk rows ──ExtractStage (1 GPU / fractional CPU)──▶ results ──write_chunk──▶ files + commit
          read, validate,                 one chunk per call, decoder loaded                     attributes/, rejected/,
-         dedup, stack                    once per actor                                         _commits/<shard>/<i>.json
+         apply verdicts, stack           once per actor                                         _commits/<shard>/<i>.json
 ```
 
-Everything streams: no shuffle, no groupby, no materialize. The driver only plans shards, reads the
-commit listing, and sums each committed chunk's counters for progress and the report.
+Everything streams: no shuffle, no groupby, no materialize. The id index (pipelines/idindex.py) is
+a map and a reduce over hash partitions of the product ids, in tasks of bounded memory, written
+under the output before the first chunk and read again, not rebuilt, by a resumed run. The driver
+plans shards, reads the commit listing, and sums each committed chunk's counters for progress and
+the report.
 """
 
 from __future__ import annotations
@@ -16,12 +20,11 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import ray
 
-from pipelines import commit, reader
-from pipelines.dedup import IdRegistry
+from pipelines import commit, idindex, reader
 from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
 from pipelines.prepare import PrepareConfig, prepare_shards
@@ -39,7 +42,7 @@ class ResourceConfig:
         that tasks always find room (a 2-core machine never deadlocks).
     gpu_actor_cpus: CPUs per extract actor beside its one GPU.
     max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
-    registry_shards: product-id registry actors (default: one per node).
+    index: the id index's tasks (ids held per task, CPUs per task).
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
     progress_seconds: how often the driver logs progress.
     """
@@ -48,7 +51,7 @@ class ResourceConfig:
     cpu_actor_cpus: float = 1.0
     gpu_actor_cpus: float = 1.0
     max_actors: int | None = None
-    registry_shards: int | None = None
+    index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
     tasks_in_flight_per_actor: int = 2
     progress_seconds: float = 10.0
 
@@ -56,10 +59,8 @@ class ResourceConfig:
         for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus", "progress_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_actors", "registry_shards"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_actors is not None and (not isinstance(self.max_actors, int) or self.max_actors < 1):
+            raise ValueError(f"max_actors must be a positive int, got {self.max_actors!r}")
         if self.tasks_in_flight_per_actor < 1:
             raise ValueError(f"tasks_in_flight_per_actor must be >= 1, got {self.tasks_in_flight_per_actor}")
 
@@ -98,7 +99,6 @@ def build_dataset(
     output: commit.OutputConfig,
     sizing: ActorSizing,
     resources: ResourceConfig,
-    registry: IdRegistry,
 ) -> ray.data.Dataset:
     """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows)."""
     ds = ray.data.from_items(shards, override_num_blocks=len(shards))
@@ -106,7 +106,7 @@ def build_dataset(
         prepare_shards,
         batch_size=1,
         batch_format="pyarrow",
-        fn_kwargs={"config": prepare, "registry": registry},
+        fn_kwargs={"config": prepare},
         num_cpus=resources.io_cpus,
     )
     # A generator's outputs are buffered into blocks of up to 128 MiB: split them back so that each
@@ -132,34 +132,17 @@ def build_dataset(
     )
 
 
-def _seed(manifests: tuple[str, ...], registry: IdRegistry, existing: bool, cpus: float) -> Stats:
-    """Load the product ids of committed manifests into the registry, in parallel: as claims of
-    this run's earlier attempts, or (``existing``) as an earlier output's. Sum their counters."""
+def _committed(manifests: tuple[str, ...], cpus: float) -> Stats:
+    """The counters of chunks committed by earlier attempts, read in parallel (no ids are kept)."""
     stats = Stats()
+    if not manifests:
+        return stats
     ds = ray.data.from_items([{"uri": uri} for uri in manifests]).map_batches(
-        commit.seed_from_manifests,
-        batch_format="pyarrow",
-        fn_kwargs={"registry": registry, "existing": existing},
-        num_cpus=cpus,
+        commit.committed_stats, batch_format="pyarrow", num_cpus=cpus
     )
     for row in ds.iter_rows():
         stats.add(json.loads(row["stats"]))
     return stats
-
-
-def _seed_registry(
-    state: commit.ResumeState, registry: IdRegistry, skip_existing: str | None, output_uri: str, cpus: float
-) -> Stats:
-    """Ids of chunks committed by earlier attempts (and of earlier outputs); their counters."""
-    previous = _seed(state.manifests, registry, False, cpus) if state.manifests else Stats()
-    if skip_existing:
-        earlier = commit.earlier_manifests(skip_existing, exclude=output_uri)
-        if earlier:
-            log.info("--skip-existing: %d committed chunks of earlier outputs under %s", len(earlier), skip_existing)
-            _seed(earlier, registry, True, cpus)
-        else:  # e.g. the first nightly run: nothing done yet
-            log.warning("--skip-existing %s: no earlier output there; nothing to skip", skip_existing)
-    return previous
 
 
 def _stream(ds: ray.data.Dataset, progress_seconds: float) -> Stats:
@@ -205,24 +188,21 @@ def run_job(
     allow_slow_chunks()
     resumed = commit.claim_output(output.uri, output.run_id, arguments)
     state = commit.scan(output.uri) if resumed else commit.ResumeState()
+    planned = reader.plan_shards(prepare.read)
+    index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
     shards = [
-        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())))
-        for shard in reader.plan_shards(prepare.read)
+        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
+        for shard, shard_index in zip(planned, index)
         if not state.complete(shard.shard_id)
     ]
     sizing = size_actors(ray.cluster_resources(), resources)
-    nodes = sum(1 for node in ray.nodes() if node["Alive"])
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
              len(shards), len(state.manifests), sizing.actors, sizing.device)
-    registry = IdRegistry(resources.registry_shards or nodes)
-    try:
-        previous = _seed_registry(state, registry, skip_existing, output.uri, resources.io_cpus)
-        this_run = Stats()
-        if shards:
-            ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
-            this_run = _stream(ds, resources.progress_seconds)
-    finally:
-        registry.shutdown()
+    previous = _committed(state.manifests, resources.io_cpus)
+    this_run = Stats()
+    if shards:
+        ds = build_dataset(shards, prepare, extract, output, sizing, resources)
+        this_run = _stream(ds, resources.progress_seconds)
     meta = {
         "run_id": output.run_id,
         "input": prepare.read.uri,

@@ -6,6 +6,7 @@ rejected/<chunk>.parquet                          original record as JSON, reaso
 _commits/<shard>/<index>.json                     chunk manifest: counters + product ids; the commit
 _commits/<shard>/_chunks-<n>.json                 the shard was read to the end and has n chunks
 _job.json                                         run id and arguments of the job writing here
+_dedup/                                           the id index: dedup and skip verdicts (pipelines/idindex.py)
 _report.json, _report.md                          written last, when every chunk is committed
 ```
 
@@ -27,7 +28,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines import io
-from pipelines.dedup import COMMITTED
 from pipelines.schema import PARTITION_COLUMN, partition_value
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -125,20 +125,6 @@ def scan(output: str) -> ResumeState:
     return ResumeState({s: frozenset(i) for s, i in done.items()}, totals, tuple(manifests))
 
 
-def earlier_manifests(prefix: str, exclude: str) -> tuple[str, ...]:
-    """Commit manifests of every output under ``prefix``: one earlier output, or a prefix holding
-    many (e.g. ``dt=<date>/`` per nightly run). Those of ``exclude`` (this run's own output, which
-    resume covers) are left out, so this run's output may live under the prefix."""
-    own = exclude.rstrip("/")
-    manifests = []
-    for uri in io.list_files(prefix):
-        if _COMMIT_NAME.search(uri):
-            root = uri[: uri.rindex("/_commits/")]
-            if root != own and not root.startswith(own + "/"):
-                manifests.append(uri)
-    return tuple(manifests)
-
-
 def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     """Writer stage: write each chunk's files, then its manifest; return its counters."""
     summaries = []
@@ -172,21 +158,13 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))
 
 
-def seed_from_manifests(batch: pa.Table, registry, existing: bool) -> pa.Table:
-    """Load committed manifests' product ids into the registry; return their counters.
-
-    ``existing=False``: this run's earlier attempts; their owned ids are pre-claimed (dedup).
-    ``existing=True``: an earlier output (--skip-existing); all its ids, rejected ones too.
-    """
+def committed_stats(batch: pa.Table) -> pa.Table:
+    """Counters of committed chunks (a resumed run's earlier attempts), for the report's totals."""
     summaries = []
     for uri in batch.column("uri").to_pylist():
         try:
             manifest = io.read_json(uri)
         except ValueError as err:
             raise ValueError(f"{err}: not a manifest written by hpd extract; delete it to redo its chunk") from err
-        if existing:
-            registry.add_existing(manifest["owned_ids"] + manifest["rejected_ids"])
-        else:
-            registry.seed(manifest["owned_ids"], COMMITTED)
         summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"])})
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))
