@@ -10,7 +10,9 @@ Two modes:
 - ``hpd evaluate --extractgpt-run RUN.gz`` recomputes a stored ExtractGPT run and checks it
   against the run's stored ``results``; exit status 1 when they differ.
 
-Bad input raises ``ValueError`` naming the file (and line); ``hpd`` prints it without a traceback.
+Bad input raises ``ValueError`` naming the file (and line); ``hpd`` prints it without a traceback
+and exits 2. Predictions that share no product id with the gold are such an error (nothing would
+be scored).
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-write", action="store_true", help="do not write _evaluation.{json,md} next to the predictions")
 
 
+def check_ids_match(predicted: dict, gold: list, predictions_uri: str, gold_uri: str) -> None:
+    """Scoring predictions that share no product id with the gold would print 0.00 for a mistake
+    (e.g. records and gold from different conversions): refuse, showing an id of each."""
+    gold_ids = sorted(example.product_id for example in gold)
+    if predicted and not any(product_id in predicted for product_id in gold_ids):
+        raise ValueError(
+            f"none of the {len(predicted)} product ids in {predictions_uri} is among the {len(gold_ids)} gold ids in "
+            f"{gold_uri} (e.g. {min(predicted)!r} vs {gold_ids[0]!r}): score the output of a job whose input came from "
+            "the same `hpd convert` run as this gold"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.extractgpt_run:
         if args.predictions or args.gold or args.attributes:
@@ -51,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     gold = read_gold(args.gold)
     attributes = read_attributes(args.attributes) if args.attributes else None
     predictions = read_predictions(args.predictions)
+    check_ids_match(predictions.values, gold, args.predictions, args.gold)
     result = evaluate(predictions, gold, attributes)
     extra = {"predictions": args.predictions, "gold": args.gold, "attributes": args.attributes}
     leak = _leakage(args, predictions)

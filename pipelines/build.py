@@ -19,15 +19,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TextIO
 
 import ray
 
-from pipelines import commit, idindex, reader
+from pipelines import attempts, commit, idindex, io, reader
 from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
 from pipelines.prepare import PrepareConfig, prepare_shards
+from pipelines.progress import ProgressConfig, ProgressCounter, ProgressLine
 from pipelines.report import ReportConfig, Stats, build_report, write_report
 
 log = logging.getLogger("hpd.extract")
@@ -44,7 +47,6 @@ class ResourceConfig:
     max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
     index: the id index's tasks (ids held per task, CPUs per task).
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
-    progress_seconds: how often the driver logs progress.
     """
 
     io_cpus: float = 0.25
@@ -53,10 +55,9 @@ class ResourceConfig:
     max_actors: int | None = None
     index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
     tasks_in_flight_per_actor: int = 2
-    progress_seconds: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus", "progress_seconds"):
+        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_actors is not None and (not isinstance(self.max_actors, int) or self.max_actors < 1):
@@ -75,8 +76,8 @@ class ActorSizing:
 
     @property
     def devices(self) -> float:
-        """Devices the pool holds: GPUs, or CPUs on a CPU-only cluster."""
-        return self.actors * (self.num_gpus if self.device == "gpu" else self.num_cpus)
+        """Devices the pool computes on: GPUs, or on a CPU-only cluster the vCPUs its torch threads use."""
+        return self.actors * (self.num_gpus if self.device == "gpu" else (self.threads or self.num_cpus))
 
 
 def size_actors(cluster: dict, config: ResourceConfig) -> ActorSizing:
@@ -99,6 +100,7 @@ def build_dataset(
     output: commit.OutputConfig,
     sizing: ActorSizing,
     resources: ResourceConfig,
+    counter=None,
 ) -> ray.data.Dataset:
     """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows)."""
     ds = ray.data.from_items(shards, override_num_blocks=len(shards))
@@ -116,7 +118,7 @@ def build_dataset(
         ExtractStage,
         batch_size=1,
         batch_format="pyarrow",
-        fn_constructor_kwargs={"config": extract, "threads": sizing.threads},
+        fn_constructor_kwargs={"config": extract, "threads": sizing.threads, "progress": counter},
         compute=ray.data.ActorPoolStrategy(
             size=sizing.actors, max_tasks_in_flight_per_actor=resources.tasks_in_flight_per_actor
         ),
@@ -145,17 +147,13 @@ def _committed(manifests: tuple[str, ...], cpus: float) -> Stats:
     return stats
 
 
-def _stream(ds: ray.data.Dataset, progress_seconds: float) -> Stats:
-    """Drive the pipeline: sum each committed chunk's counters, log progress now and then."""
-    stats, started = Stats(), time.time()
-    last_log = started
+def _stream(ds: ray.data.Dataset, line: ProgressLine) -> Stats:
+    """Drive the pipeline: sum each committed chunk's counters, feed the progress line."""
+    stats = Stats()
     for row in ds.iter_rows():
-        stats.add(json.loads(row["stats"]))
-        if time.time() - last_log >= progress_seconds:
-            last_log = time.time()
-            log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", stats.chunks,
-                     stats.counts["products_out"], stats.counts["rejected"],
-                     stats.counts["products_out"] / (last_log - started))
+        chunk = json.loads(row["stats"])
+        stats.add(chunk)
+        line.committed_chunk(row["chunk"], int(chunk["rows_in"]))
     return stats
 
 
@@ -173,37 +171,8 @@ def allow_slow_chunks() -> None:
         context.execution_no_progress_timeout_s = -1
 
 
-def run_job(
-    *,
-    prepare: PrepareConfig,
-    extract: ExtractConfig,
-    output: commit.OutputConfig,
-    report: ReportConfig,
-    resources: ResourceConfig,
-    skip_existing: str | None,
-    arguments: dict,
-) -> dict:
-    """Run (or resume) the whole job on the connected Ray cluster; return the report."""
-    started = time.time()
-    allow_slow_chunks()
-    resumed = commit.claim_output(output.uri, output.run_id, arguments)
-    state = commit.scan(output.uri) if resumed else commit.ResumeState()
-    planned = reader.plan_shards(prepare.read)
-    index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
-    shards = [
-        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
-        for shard, shard_index in zip(planned, index)
-        if not state.complete(shard.shard_id)
-    ]
-    sizing = size_actors(ray.cluster_resources(), resources)
-    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
-             len(shards), len(state.manifests), sizing.actors, sizing.device)
-    previous = _committed(state.manifests, resources.io_cpus)
-    this_run = Stats()
-    if shards:
-        ds = build_dataset(shards, prepare, extract, output, sizing, resources)
-        this_run = _stream(ds, resources.progress_seconds)
-    meta = {
+def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputConfig, skip_existing: str | None) -> dict:
+    return {
         "run_id": output.run_id,
         "input": prepare.read.uri,
         "output": output.uri,
@@ -214,7 +183,94 @@ def run_job(
         "docs_per_prompt": prepare.stacking.docs_per_prompt,
         "max_value_tokens": extract.decode.max_value_tokens,
     }
+
+
+def empty_job(
+    *,
+    prepare: PrepareConfig,
+    extract: ExtractConfig,
+    output: commit.OutputConfig,
+    report: ReportConfig,
+    skip_existing: str | None,
+    arguments: dict,
+) -> dict:
+    """An input that holds no rows: a finished job of 0 products, recorded and reported without Ray
+    (and without loading a model)."""
+    started = time.time()
+    commit.claim_output(output.uri, output.run_id, arguments)
+    attempt = attempts.save(output.uri, attempts.Attempt(
+        attempts.name_for(started), started, time.time(), "cpu", 0, report.price("cpu")))
+    result = build_report(_meta(prepare, extract, output, skip_existing), Stats(), Stats(), [attempt], attempt)
+    write_report(output.uri, result)
+    return result
+
+
+def run_job(
+    *,
+    prepare: PrepareConfig,
+    extract: ExtractConfig,
+    output: commit.OutputConfig,
+    report: ReportConfig,
+    resources: ResourceConfig,
+    skip_existing: str | None,
+    arguments: dict,
+    progress: ProgressConfig = ProgressConfig(),
+    stream: TextIO | None = None,
+) -> dict:
+    """Run (or resume) the whole job on the connected Ray cluster; return the report.
+
+    A job that is already complete is not run again: its report is returned as it is. A run that
+    fails (or is interrupted) before any chunk of the job was committed leaves nothing behind, so
+    a corrected command starts afresh. Progress goes to ``stream`` (default stderr)."""
+    started = time.time()
+    allow_slow_chunks()
+    resumed = commit.claim_output(output.uri, output.run_id, arguments)
+    try:
+        return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,
+                    resumed, started)
+    except BaseException:
+        if not commit.scan(output.uri).manifests:  # nothing committed: leave no _job.json behind
+            commit.discard(output.uri)
+        raise
+
+
+def _run(prepare, extract, output, report, resources, skip_existing, progress, stream, resumed, started) -> dict:
+    state = commit.scan(output.uri) if resumed else commit.ResumeState()
+    planned = reader.plan_shards(prepare.read)
+    report_uri = io.join(output.uri, "_report.json")
+    if all(state.complete(shard.shard_id) for shard in planned) and io.exists(report_uri):
+        log.info("run %s is complete; nothing to do", output.run_id)
+        return io.read_json(report_uri)
+    index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
+    shards = [
+        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
+        for shard, shard_index in zip(planned, index)
+        if not state.complete(shard.shard_id)
+    ]
+    sizing = size_actors(ray.cluster_resources(), resources)
+    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
+             len(shards), len(state.manifests), sizing.actors, sizing.device)
+    attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
+    heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
+    counter = ProgressCounter.remote()
+    try:
+        previous = _committed(state.manifests, resources.io_cpus)
+        this_run = Stats()
+        if shards:
+            line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress)
+            line.start()
+            finished = False
+            try:
+                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
+                this_run = _stream(ds, line)
+                finished = True
+            finally:
+                line.stop(final=finished)
+    finally:
+        ray.kill(counter)
+        attempt = heartbeat.stop()
     total = previous.merged(this_run)
-    result = build_report(report, meta, total, this_run, time.time() - started, sizing.device, sizing.devices)
+    meta = _meta(prepare, extract, output, skip_existing)
+    result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)
     write_report(output.uri, result)
     return result

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
-from pipelines import io
+from pipelines import accounting, io
 from pipelines.schema import PARTITION_COLUMN, partition_value
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -82,6 +83,26 @@ def mark_shard_read(output: str, shard_id: str, chunks: int) -> None:
     io.write_json(io.join(output, "_commits", shard_id, f"_chunks-{chunks}.json"), {"chunks": chunks})
 
 
+def existing_job(output: str) -> tuple[dict | None, bool]:
+    """(the ``_job.json`` of the job writing to ``output`` or None, whether ``output`` holds any file)."""
+    marker = io.join(output, "_job.json")
+    if io.exists(marker):
+        return io.read_json(marker), True
+    return None, bool(io.list_files(output))
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, old value, new value) for every argument that differs, nested dicts flattened."""
+    found = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append((f"{prefix}{key}", a, b))
+    return found
+
+
 def claim_output(output: str, run_id: str, arguments: dict) -> bool:
     """Record the run in ``_job.json``; True if this run already wrote there (a resume).
 
@@ -98,6 +119,15 @@ def claim_output(output: str, run_id: str, arguments: dict) -> bool:
         return True
     io.write_json(marker, {"run_id": run_id, "arguments": arguments})
     return False
+
+
+def discard(output: str) -> None:
+    """Delete everything under ``output`` (the folder itself stays): --overwrite, or a failed run
+    that committed nothing. Only called on outputs that hold an hpd extract job (``_job.json``) or
+    nothing."""
+    fs, path = io.filesystem(output)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        fs.delete_dir_contents(path, missing_dir_ok=True)
 
 
 @dataclass(frozen=True)
@@ -130,9 +160,9 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     summaries = []
     for row in batch.to_pylist():
         stats = json.loads(row["stats"])
-        if stats["products_out"] + stats["rejected"] + stats["skipped"] != stats["rows_in"]:
-            raise RuntimeError(f"chunk {row['chunk']}: rows do not add up ({stats}); not committing it")
         attributes = io.table_from_bytes(row["attributes"])
+        rejected = io.table_from_bytes(row["rejected"])
+        accounting.check_chunk(row["chunk"], row, stats, attributes, rejected)  # by row identity, before any write
         for category in row["categories"]:
             uri = attributes_uri(output.uri, category, row["chunk"])
             part = attributes.filter(pc.equal(attributes[PARTITION_COLUMN], category))
@@ -140,7 +170,6 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
                 io.write_parquet(uri, part)
             else:
                 io.delete_if_exists(uri)
-        rejected = io.table_from_bytes(row["rejected"])
         if rejected.num_rows:
             io.write_parquet(rejected_uri(output.uri, row["chunk"]), rejected)
         else:
