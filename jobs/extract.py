@@ -10,6 +10,7 @@ arguments to resume; --overwrite deletes an earlier job in the output and starts
 from __future__ import annotations
 
 import argparse
+import re
 import importlib.util
 import sys
 
@@ -123,8 +124,15 @@ def root_cause(err: BaseException) -> str:
     cause = err
     while (inner := getattr(cause, "cause", None) or cause.__cause__) is not None and inner is not cause:
         cause = inner
+    if type(cause).__name__ == "UserCodeException":  # Ray Data's wrapper: the user's error is in its text
+        named = [m for m in _ERROR_LINE.findall(str(err)) if m[0] not in ("UserCodeException", "RayTaskError")]
+        if named:
+            return f"{named[-1][0]}: {named[-1][1]}"
     text = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {text[0] if text else ''}"
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", re.M)
 
 
 def run(args: argparse.Namespace) -> int:
