@@ -46,6 +46,8 @@ class ResourceConfig:
     gpu_actor_cpus: CPUs per extract actor beside its one GPU.
     max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
     index: the id index's tasks (ids held per task, CPUs per task).
+    prepare_tasks: prepare tasks at a time (default: one per extract actor, which keeps each fed);
+        a cap, so that memory does not grow with the number of shards.
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
     """
 
@@ -54,14 +56,17 @@ class ResourceConfig:
     gpu_actor_cpus: float = 1.0
     max_actors: int | None = None
     index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
+    prepare_tasks: int | None = None
     tasks_in_flight_per_actor: int = 2
 
     def __post_init__(self) -> None:
         for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.max_actors is not None and (not isinstance(self.max_actors, int) or self.max_actors < 1):
-            raise ValueError(f"max_actors must be a positive int, got {self.max_actors!r}")
+        for name in ("max_actors", "prepare_tasks"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.tasks_in_flight_per_actor < 1:
             raise ValueError(f"tasks_in_flight_per_actor must be >= 1, got {self.tasks_in_flight_per_actor}")
 
@@ -110,6 +115,7 @@ def build_dataset(
         batch_format="pyarrow",
         fn_kwargs={"config": prepare},
         num_cpus=resources.io_cpus,
+        compute=ray.data.TaskPoolStrategy(size=resources.prepare_tasks or sizing.actors),
     )
     # A generator's outputs are buffered into blocks of up to 128 MiB: split them back so that each
     # chunk is its own block, scheduled on its own to whichever actor is free (streaming, no shuffle).

@@ -53,13 +53,21 @@ class _RunWriter:
         return self.runs
 
 
+def _release() -> None:
+    """Hand the task's freed Arrow memory back to the system: the worker process lives on (idle, or
+    running pipeline tasks) and would otherwise keep its peak."""
+    pa.default_memory_pool().release_unused()
+
+
 def map_shard(shard: reader.Shard, ordinal: int, prepare: PrepareConfig, build: str, limit: int) -> dict:
     """Map step of one shard: read it as the prepare stage will, write its id rows as runs."""
     writer, rows = _RunWriter(io.join(build, "map", f"{ordinal:06d}"), limit), 0
     for _, records in reader.iter_chunks(shard, prepare.read):
         rows += len(records)
         writer.add(dedup.id_rows(ordinal, records, prepare.schema, prepare.validation))
-    return {"rows": rows, "runs": writer.flush()}
+    runs = writer.flush()
+    _release()
+    return {"rows": rows, "runs": runs}
 
 
 def map_manifests(number: int, manifests: list[str], build: str, limit: int) -> list[Run]:
@@ -69,7 +77,9 @@ def map_manifests(number: int, manifests: list[str], build: str, limit: int) -> 
         manifest = io.read_json(uri)
         ids = manifest["owned_ids"] + manifest["rejected_ids"]
         writer.add(pa.table([ids, pa.array([id_hash(i) for i in ids], pa.uint64())], schema=dedup.DONE_IDS_SCHEMA))
-    return writer.flush()
+    runs = writer.flush()
+    _release()
+    return runs
 
 
 def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, shards: int, build: str) -> dict:
@@ -92,6 +102,8 @@ def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, 
         uri = f"ids/{number:06d}.arrow"
         counts, offsets = write_slotted(io.join(build, uri), done, fine_partitions(done["hash"]), FINE_PARTITIONS)
         result["ids"] = {"uri": uri, "lo": lo, "hi": hi, "counts": counts[lo:hi], "offsets": offsets[lo : hi + 1]}
+    del rows, existing, verdicts, done
+    _release()
     return result
 
 

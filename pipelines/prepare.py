@@ -62,7 +62,7 @@ class PrepareConfig:
     stacking: StackingConfig
     schema: AttributeSchema
     output_uri: str
-    skip_existing: bool = False  # --skip-existing is on (the id index marks the rows it skips)
+    skip_existing: bool = False  # --skip-existing is on (informational: the id index marks the rows it skips)
 
 
 def _row(record: reader.RawRecord, status: str, reason=None, stage=None, accepted: Accepted | None = None) -> dict:
@@ -108,13 +108,13 @@ def prepare_chunk(records: list[reader.RawRecord], config: PrepareConfig, verdic
             rows.append(_row(record, REJECTED, record.error, "read"))
         elif verdict == Verdict.EXISTING:
             rows.append(_row(record, SKIPPED, "already in an earlier output", "skip-existing"))
-        elif isinstance(accepted := validate_record(record.value, config.schema, config.validation), Accepted):
+        elif isinstance(checked := validate_record(record.value, config.schema, config.validation), Accepted):
             if verdict == Verdict.DUPLICATE:
-                rows.append(_row(record, REJECTED, "duplicate product_id", "dedup", accepted))
+                rows.append(_row(record, REJECTED, "duplicate product_id", "dedup", checked))
             else:
-                rows.append(_row(record, OK, accepted=accepted))
+                rows.append(_row(record, OK, accepted=checked))
         else:
-            rows.append(_row(record, REJECTED, accepted.reason, "validate"))
+            rows.append(_row(record, REJECTED, checked.reason, "validate"))
     categories = [row["category"] if row["status"] == OK else None for row in rows]
     for row, stack in zip(rows, assign_stacks(categories, config.stacking)):
         row["stack"] = stack
