@@ -24,7 +24,11 @@ NOISE = (re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constr
 
 def configure_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    if not verbose:
+    logging.getLogger().setLevel(logging.INFO if verbose else logging.WARNING)  # also on a second run in one process
+    if verbose:  # undo an earlier quiet run in the same process
+        logging.getLogger("ray").setLevel(logging.NOTSET)
+        logging.getLogger("ray.data").setLevel(logging.INFO)
+    else:
         logging.getLogger("ray").setLevel(logging.ERROR)
         # Ray Data logs a failed task's whole traceback, per attempt: the error reaches the driver
         # as an exception anyway, and hpd prints its cause in one line
