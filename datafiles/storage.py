@@ -58,6 +58,14 @@ def resolve(uri: str | Path):
     return fs.LocalFileSystem(), os.path.abspath(uri)
 
 
+def exists(uri: str | Path) -> bool:
+    """True if ``uri`` (local or s3://) is a file."""
+    from pyarrow import fs
+
+    filesystem, path = resolve(uri)
+    return filesystem.get_file_info(path).type == fs.FileType.File
+
+
 def read_text(uri: str | Path) -> str:
     """Whole file as UTF-8 text; gzip (detected by its magic bytes) is decompressed."""
     filesystem, path = resolve(uri)

@@ -21,9 +21,10 @@ class DecodeConfig:
     batch_token_budget: a batch holds prompts while  rows x (longest prompt + K_max x most slots)
         stays within this many tokens (the size of the KV cache the batch can reach).
     max_batch_size: at most this many prompts per batch, whatever the budget.
-    skeleton: where HPD's keys go: "after-products" (the skeleton follows all J products of the
-        prompt) or "interleaved" (each product's text is followed by its own keys). The model must be
-        used with the skeleton it was fine-tuned on. The baseline always writes the whole answer.
+    skeleton: where HPD's keys go: "interleaved" (each product's text is followed by its own keys;
+        the shipped adapter's) or "after-products" (the skeleton follows all J products of the
+        prompt). Use a model with the skeleton it was fine-tuned on. The baseline always writes the
+        whole answer after the products.
     temperature: 0 is greedy; > 0 samples (with top_p) from a generator seeded with ``seed``.
     step_shape: "packed" (only the tokens still being generated are computed, each row's
         appended after its own cache entries: a CPU, where every computed token costs), "fixed"
@@ -38,7 +39,7 @@ class DecodeConfig:
     max_value_tokens: int = 30
     batch_token_budget: int = 65536
     max_batch_size: int = 64
-    skeleton: str = "after-products"
+    skeleton: str = "interleaved"
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0

@@ -57,7 +57,7 @@ class TrainConfig:
     docs_per_prompt: int
     max_docs_per_prompt: int | None = None
     decoder: str = "hpd"
-    skeleton: str = "after-products"
+    skeleton: str = "interleaved"
     max_value_tokens: int = DecodeConfig().max_value_tokens
     full: bool = False
     train_embeddings: bool = False

@@ -8,3 +8,7 @@
 
 Nothing outside ``jobs`` imports it.
 """
+
+
+class CommandFailed(Exception):
+    """A command that started and failed (not a usage error): ``hpd`` prints the message, exits 1."""

@@ -36,7 +36,7 @@ from bench.report import report_header
 from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
-from hpd_core.config import ATTENTION, DTYPES, STEP_SHAPES, DecodeConfig
+from hpd_core.config import ATTENTION, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
 
 
 def _ints(text: str) -> list[int]:
@@ -94,6 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="packed (only live tokens computed), fixed (same shapes every step), auto (fixed on CUDA)")
     d.add_argument("--prefix-cache", type=int, default=DecodeConfig.prefix_cache,
                    help="shared prefixes kept per decoder (0: no prefix sharing)")
+    d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
+                   help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
     t = parser.add_argument_group("timing")
     t.add_argument("--warmup-requests", type=int, default=TimingConfig.warmup_requests)
     t.add_argument("--repeats", type=int, default=TimingConfig.repeats)
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)
     decode_cfg = DecodeConfig(
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
-        step_shape=args.step_shape, prefix_cache=args.prefix_cache,
+        step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton,
     )  # fmt: skip
     timing = TimingConfig(warmup_requests=args.warmup_requests, repeats=args.repeats, matmul_size=args.matmul_size)
     out = Path(args.out)

@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from jobs import CommandFailed
+
 # name -> (module, one-line help)
 SUBCOMMANDS = {
     "extract": ("jobs.extract", "run the extraction job (Ray Data) from records to attribute Parquet"),
@@ -46,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hpd {args.command}: error: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 2
+    except CommandFailed as err:  # it started and failed: one message, not a traceback
+        if os.environ.get("HPD_TRACEBACK"):
+            raise
+        print(f"hpd {args.command}: failed: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        hint = getattr(modules[args.command], "INTERRUPTED", "")
+        print(f"\nhpd {args.command}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 
 from hpd_core.config import DecodeConfig
 from pipelines.build import ResourceConfig
 from pipelines.commit import OutputConfig
-from pipelines.dryrun import DryRunConfig
+from pipelines.dryrun import DRY_RUN, DryRunConfig, parse_failure
 from pipelines.extract_stage import ExtractConfig
 from pipelines.io import filesystem, to_uri
 from pipelines.reader import ReadConfig
@@ -59,8 +60,38 @@ def run_id_for(arguments: dict) -> str:
     return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# config fields whose flag is not --<field with dashes>
+FIELD_FLAGS = {"seconds_per_prompt": "--dry-run-seconds-per-prompt", "failures": "--dry-run-fail",
+               "dry_run_failures": "--dry-run-fail",
+               "model_uri": "--model", "adapter_uri": "--adapter", "uri": "--input"}
+
+
+def flag_for(field: str, args: argparse.Namespace) -> str | None:
+    """The command-line flag that sets a config field (None if no flag does)."""
+    if field in FIELD_FLAGS:
+        return FIELD_FLAGS[field]
+    return "--" + field.replace("_", "-") if field in vars(args) else None
+
+
+def _with_flags(message: str, args: argparse.Namespace) -> str:
+    """A config error names the flag the user typed, not the dataclass field: "docs_per_prompt must
+    be ..." -> "--docs-per-prompt must be ..."."""
+    def flag(match: re.Match) -> str:
+        return flag_for(match[1], args) or match[1]
+
+    return re.sub(r"\b([a-z][a-z_]*)(?= must\b)", flag, message)
+
+
 def from_args(args: argparse.Namespace) -> JobConfig:
-    """Build and validate the whole configuration; raises ValueError with a message for the user."""
+    """Build and validate the whole configuration; raises ValueError with a message for the user
+    that names the flags to change."""
+    try:
+        return _from_args(args)
+    except ValueError as err:
+        raise ValueError(_with_flags(str(err), args)) from err
+
+
+def _from_args(args: argparse.Namespace) -> JobConfig:
     input_uri, output_uri = _normalise(args.input), _normalise(args.output)
     skip_existing = _normalise(args.skip_existing) if args.skip_existing else None
     if _nested(output_uri, input_uri) or _nested(input_uri, output_uri):
@@ -71,8 +102,10 @@ def from_args(args: argparse.Namespace) -> JobConfig:
     read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows))
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
-    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens))
+    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton))
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
+    failures = tuple(map(parse_failure, args.dry_run_fail or ()))
+    dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)
     arguments = {
         "input": input_uri,
         "attributes": hashlib.sha256(schema.to_json().encode()).hexdigest(),
@@ -85,20 +118,22 @@ def from_args(args: argparse.Namespace) -> JobConfig:
         "model": model,
         "decode": asdict(decode),
     }
+    if args.decoder == DRY_RUN and dry_run.failures:  # they decide which rows are rejected
+        arguments["dry_run_failures"] = [list(failure) for failure in dry_run.failures]
     run_id = run_id_for(arguments)
     extract = ExtractConfig(
         decoder=args.decoder,
         schema=schema,
         run_id=run_id,
         decode=decode,
-        dry_run=DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt)),
+        dry_run=dry_run,
         **model,
     )
     return JobConfig(
         prepare=PrepareConfig(read, validation, stacking, schema, output_uri, skip_existing is not None),
         extract=extract,
         output=OutputConfig(output_uri, run_id),
-        report=ReportConfig(**_given(price_per_gpu_hour=args.price_per_gpu_hour)),
+        report=ReportConfig(**_given(price_per_hour=args.price_per_hour)),
         resources=ResourceConfig(**_given(max_actors=args.max_actors)),
         skip_existing=skip_existing,
         address=args.address,

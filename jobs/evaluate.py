@@ -10,15 +10,20 @@ Two modes:
 - ``hpd evaluate --extractgpt-run RUN.gz`` recomputes a stored ExtractGPT run and checks it
   against the run's stored ``results``; exit status 1 when they differ.
 
-Bad input raises ``ValueError`` naming the file (and line); ``hpd`` prints it without a traceback.
+Bad input raises ``ValueError`` naming the file (and line); ``hpd`` prints it without a traceback
+and exits 2. Predictions that share no product id with the gold are such an error (nothing would
+be scored).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from datafiles.dataset import read_attributes, read_gold
+from datafiles.dataset import RECORDS_FILE, read_attributes, read_gold, read_records
+from datafiles.storage import exists, read_text
+from evaluation import leakage
 from datafiles.predictions import read_predictions
 from evaluation.report import write_reports
 from evaluation.scoring import evaluate, evaluate_extractgpt_run
@@ -29,7 +34,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gold", metavar="FILE", help="gold.jsonl written by `hpd convert`")
     parser.add_argument("--attributes", metavar="FILE", help="attribute schema (attributes.json); widens the strict variant")
     parser.add_argument("--extractgpt-run", metavar="FILE.gz", help="recompute a stored ExtractGPT run instead")
+    parser.add_argument("--records", metavar="FILE",
+                        help="the job's input records, for the leakage figure (default: records.jsonl beside --gold)")
+    parser.add_argument("--docs-per-prompt", type=int, metavar="J",
+                        help="J the predictions were made with, for the leakage figure (default: from their _report.json)")
     parser.add_argument("--no-write", action="store_true", help="do not write _evaluation.{json,md} next to the predictions")
+
+
+def check_ids_match(predicted: dict, gold: list, predictions_uri: str, gold_uri: str) -> None:
+    """Scoring predictions that share no product id with the gold would print 0.00 for a mistake
+    (e.g. records and gold from different conversions): refuse, showing an id of each."""
+    gold_ids = sorted(example.product_id for example in gold)
+    if predicted and not any(product_id in predicted for product_id in gold_ids):
+        raise ValueError(
+            f"none of the {len(predicted)} product ids in {predictions_uri} is among the {len(gold_ids)} gold ids in "
+            f"{gold_uri} (e.g. {min(predicted)!r} vs {gold_ids[0]!r}): score the output of a job whose input came from "
+            "the same `hpd convert` run as this gold"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,10 +64,31 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("pass --predictions URI and --gold FILE (or --extractgpt-run FILE.gz)")
     gold = read_gold(args.gold)
     attributes = read_attributes(args.attributes) if args.attributes else None
-    result = evaluate(read_predictions(args.predictions), gold, attributes)
+    predictions = read_predictions(args.predictions)
+    check_ids_match(predictions.values, gold, args.predictions, args.gold)
+    result = evaluate(predictions, gold, attributes)
     extra = {"predictions": args.predictions, "gold": args.gold, "attributes": args.attributes}
+    leak = _leakage(args, predictions)
+    if leak is not None:
+        extra["leakage"] = leak
     summary = {**extra, **result.summary()}
     if not args.no_write:
         summary["report_json"], summary["report_md"] = write_reports(args.predictions, result, extra)
     print(json.dumps(summary, ensure_ascii=False))
     return 0
+
+
+def _leakage(args: argparse.Namespace, predictions) -> dict | None:
+    """The leakage figure (evaluation.leakage), when the records and J are known."""
+    records_path = Path(args.records) if args.records else Path(args.gold).with_name(RECORDS_FILE)
+    if not records_path.is_file():
+        if args.records:
+            raise ValueError(f"--records {records_path} does not exist")
+        return None
+    docs = args.docs_per_prompt
+    report = f"{args.predictions.rstrip('/')}/_report.json"
+    if docs is None and exists(report):
+        docs = json.loads(read_text(report)).get("docs_per_prompt")
+    if docs is None:
+        return None
+    return leakage.measure(predictions.values, read_records(records_path), docs).to_dict()

@@ -1,87 +1,170 @@
 """`hpd extract`: run the extraction job (DESIGN.md section 1) on Ray Data.
 
-Locally (no --address, no running cluster) it starts a Ray instance sized to the machine; under
-`ray job submit` it joins the job's cluster. Run it again with the same arguments to resume.
+Every argument and input is checked before Ray starts and before anything is written
+(jobs/checks.py). An input without rows finishes at once (0 products, no Ray, no model); a finished
+job is not run again. Locally (no --address, no running cluster) it starts a Ray instance sized to
+the machine; under `ray job submit` it joins the job's cluster. Run it again with the same
+arguments to resume; --overwrite deletes an earlier job in the output and starts over.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import importlib.util
-import logging
 import sys
 
+from hpd_core.config import DEFAULT_MODEL, SKELETONS, DecodeConfig, ModelConfig
+from jobs import CommandFailed
+from pipelines.dryrun import FAILURE_MODES, DryRunConfig
+from pipelines.reader import ReadConfig
+from pipelines.report import CPU_PRICE_PER_HOUR, GPU_PRICE_PER_HOUR
+from pipelines.schema import OVERSIZE_POLICIES, ValidationConfig
+from pipelines.stacking import StackingConfig
+
 DECODER_CHOICES = ("hpd", "ar", "reference", "dry-run")  # pipelines.extract_stage.EXTRACT_DECODERS
+INTERRUPTED = "run the same command again to resume (committed chunks are kept)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Defaults shown in --help are read from the config dataclasses (where they live)."""
     parser.add_argument("--input", required=True, help="records: local path or s3://bucket/prefix, Parquet or JSON Lines")
     parser.add_argument("--attributes", required=True, help="JSON or YAML: category -> [attribute, ...] or {attribute: description}")
     parser.add_argument("--output", required=True, help="local path or s3://bucket/prefix for attributes/, rejected/, _report.*")
-    parser.add_argument("--model", help="'default' (SmolLM2-135M-Instruct + the shipped HPD adapter), 'default-base' (without it), "
-                        "a hub id, a local directory or .gguf, or s3://bucket/prefix/")
-    parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://); replaces the shipped one of 'default'")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete the job already in --output (its values, rejected rows and report) and start over; "
+                        "without it a different job there is refused and the same job resumes")
+    parser.add_argument("--model", help=f"'{DEFAULT_MODEL}' (SmolLM2-135M-Instruct + the shipped HPD adapter), 'default-base' "
+                        "(without it), another embedded model, a local directory or .gguf, s3://bucket/prefix/, or a hub id "
+                        f"already in the local Hugging Face cache (default: {DEFAULT_MODEL})")
+    parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://); replaces the shipped one of 'default' (default: none)")
     parser.add_argument("--decoder", choices=DECODER_CHOICES, default="hpd",
-                        help="hpd (default), ar (baseline), reference (slow oracle), dry-run (no model)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="model weights and compute (default float32)")
-    parser.add_argument("--docs-per-prompt", type=int, metavar="J", help="products of one category per prompt")
-    parser.add_argument("--max-value-tokens", type=int, metavar="K", help="longest value in tokens (K_max)")
-    parser.add_argument("--price-per-gpu-hour", type=float, metavar="USD", help="for the report's $ per 1k products")
-    parser.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
+                        help="hpd, ar (baseline), reference (slow oracle), dry-run (no model) (default: hpd)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help=f"model weights and compute (default: {ModelConfig.dtype})")
+    parser.add_argument("--docs-per-prompt", type=int, metavar="J",
+                        help=f"products of one category per prompt (default: {StackingConfig.docs_per_prompt})")
+    parser.add_argument("--max-value-tokens", type=int, metavar="K",
+                        help=f"longest value in tokens, K_max (default: {DecodeConfig.max_value_tokens})")
+    parser.add_argument("--skeleton", choices=SKELETONS,
+                        help="where HPD's keys go: after-products or interleaved, as the model was fine-tuned "
+                        f"(default: {DecodeConfig.skeleton})")
+    parser.add_argument("--price-per-hour", type=float, metavar="USD",
+                        help=f"price per device-hour for the report's $ per 1k products (default: ${GPU_PRICE_PER_HOUR} "
+                        f"per GPU-hour on GPUs, ${CPU_PRICE_PER_HOUR} per vCPU-hour on CPUs; see the README)")
+    parser.add_argument("--limit", type=int, metavar="N", help="only the first N input rows (default: all)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, a running local cluster, or a new one; "
                         "'local' always starts a new one)")
     parser.add_argument("--skip-existing", metavar="OUTPUT_URI",
-                        help="skip products already in this earlier output (attributes/ or rejected/)")
-    parser.add_argument("--oversize", choices=("truncate", "reject"), help="records over --max-text-chars")
-    parser.add_argument("--max-text-chars", type=int, help="title + description + features, in characters")
-    parser.add_argument("--chunk-rows", type=int, help="rows per chunk (the unit of work, commit and resume)")
-    parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU)")
+                        help="skip products already in this earlier output (attributes/ or rejected/), or in any output "
+                        "under this prefix (default: none)")
+    parser.add_argument("--oversize", choices=OVERSIZE_POLICIES,
+                        help=f"records over --max-text-chars (default: {ValidationConfig.oversize})")
+    parser.add_argument("--max-text-chars", type=int,
+                        help=f"title + description + features, in characters (default: {ValidationConfig.max_text_chars})")
+    parser.add_argument("--chunk-rows", type=int,
+                        help=f"rows per chunk, the unit of work, commit and resume (default: {ReadConfig.chunk_rows})")
+    parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU, or what the CPUs allow)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show Ray's logs and progress bars and the workers' output (default: only this job's "
+                        "progress line, warnings and summary)")
     parser.add_argument("--dry-run-seconds-per-prompt", type=float, metavar="S",
-                        help="dry-run decoder only: simulated decode time per prompt")
+                        help=f"dry-run decoder only: simulated decode time per prompt (default: {DryRunConfig.seconds_per_prompt})")
+    parser.add_argument("--dry-run-fail", action="append", metavar="[MODE:]PRODUCT_ID",
+                        help=f"dry-run decoder only, repeatable: prompts holding this product fail; MODE {'|'.join(FAILURE_MODES)} "
+                        "(default raise: every time; flaky: the first time; error: reported by the engine)")
 
 
-def check_model_paths(model_uri: str, adapter_uri: str | None) -> None:
-    """Local model/adapter paths that are not there fail here, before Ray starts (S3 is checked by the actors)."""
-    from hpd_core.config import DEFAULT_MODEL, ModelConfig
-    from hpd_core.models import check_paths
+def _summary(report: dict, output: str) -> str:
+    rejected = report["rows_rejected"]
+    by_stage = ", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items())
+    lines = [
+        f"run {report['run_id']}: {report['rows_in']} rows in, {report['products_out']} products out, "
+        f"{rejected} rejected{f' ({by_stage})' if by_stage else ''}, {report['rows_skipped']} skipped; "
+        f"{report['wall_seconds']} s"
+        + (f" over {report['attempts']} attempts" if report.get("attempts", 1) > 1 else ""),
+        f"attribute values: {output}/attributes/   (Parquet, one folder per category)" if report["products_out"] else
+        "attribute values: none",
+        f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
+        f"report:           {output}/_report.md and {output}/_report.json",
+    ]
+    return "\n".join(lines)
 
-    def local(uri: str | None) -> str | None:
-        return None if uri is None or uri.startswith("s3://") else uri
 
-    check_paths(ModelConfig(name=local(model_uri) or DEFAULT_MODEL, adapter=local(adapter_uri)))
+def _run_on_ray(config, args) -> dict:
+    import ray
+
+    from jobs import quiet
+    from pipelines.build import run_job
+
+    quiet.quiet_ray_data(args.verbose)
+    if not ray.is_initialized():
+        try:
+            ray.init(address=config.address, **quiet.ray_init_options(args.verbose))
+        except Exception as err:  # ConnectionError, ...; a plain Exception when its node times out at startup
+            first_line = (str(err).splitlines() or [""])[0]
+            raise CommandFailed(f"could not start or join Ray: {type(err).__name__}: {first_line}") from err
+    try:
+        with quiet.StderrFilter(active=not args.verbose):
+            return run_job(
+                prepare=config.prepare,
+                extract=config.extract,
+                output=config.output,
+                report=config.report,
+                resources=config.resources,
+                skip_existing=config.skip_existing,
+                arguments=config.arguments,
+            )
+    except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
+        raise CommandFailed(f"{root_cause(err)}; {INTERRUPTED}") from err
+
+
+def root_cause(err: BaseException) -> str:
+    """``Type: first line`` of the innermost cause of a Ray error (Ray wraps it, with tracebacks)."""
+    cause = err
+    while (inner := getattr(cause, "cause", None) or cause.__cause__) is not None and inner is not cause:
+        cause = inner
+    if type(cause).__name__ == "UserCodeException":  # Ray Data's wrapper: the user's error is in its text
+        named = [m for m in _ERROR_LINE.findall(str(err)) if m[0] not in ("UserCodeException", "RayTaskError")]
+        if named:
+            return f"{named[-1][0]}: {named[-1][1]}"
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", re.M)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from jobs import quiet
+    from jobs.checks import preflight
     from jobs.config import from_args
+    from pipelines import commit, io
     from pipelines.dryrun import DRY_RUN
 
+    quiet.configure_logging(args.verbose)
     config = from_args(args)  # user errors (ValueError, OSError) are reported by jobs.cli
-    if config.extract.decoder != DRY_RUN:
-        check_model_paths(config.extract.model_uri, config.extract.adapter_uri)
     if config.extract.decoder != DRY_RUN and importlib.util.find_spec("hpd_core.decoders") is None:
         print("hpd extract: error: the engine's decoders (hpd_core.decoders) are not installed; "
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
+    plan = preflight(config, args)  # every check; nothing written yet
+    output = config.output.uri
+    if plan.complete:
+        report = io.read_json(io.join(output, "_report.json"))
+        print(f"run {config.output.run_id} is already complete in {output}: nothing to do "
+              "(--overwrite starts it over)", file=sys.stderr)
+        print(_summary(report, output))
+        return 0
+    if args.overwrite and plan.existing_run is not None:
+        print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
+        commit.discard(output)
+    if plan.empty:
+        from pipelines.build import empty_job
 
-    import ray
-
-    from pipelines.build import run_job
-
-    if not ray.is_initialized():
-        ray.init(address=config.address)
-    report = run_job(
-        prepare=config.prepare,
-        extract=config.extract,
-        output=config.output,
-        report=config.report,
-        resources=config.resources,
-        skip_existing=config.skip_existing,
-        arguments=config.arguments,
-    )
-    print(
-        f"run {report['run_id']}: {report['rows_in']} rows in, {report['products_out']} products out, "
-        f"{report['rows_rejected']} rejected, {report['rows_skipped']} skipped; "
-        f"{report['wall_seconds']} s; report: {config.output.uri}/_report.md"
-    )
+        report = empty_job(prepare=config.prepare, extract=config.extract, output=config.output,
+                           report=config.report, skip_existing=config.skip_existing, arguments=config.arguments)
+    else:
+        report = _run_on_ray(config, args)
+    print(_summary(report, output))
     return 0

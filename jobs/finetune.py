@@ -20,12 +20,13 @@ import json
 import logging
 import platform
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_MODEL, DTYPES, DecodeConfig, ModelConfig
+from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_MODEL, DTYPES, SKELETONS, DecodeConfig, ModelConfig
 from pipelines.stacking import StackingConfig
 
 CONFIG_FILE = "training_config.json"
@@ -74,12 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--seed", type=int, help="(default 0)")
     train.add_argument("--log-every", type=int, help="progress line every N optimizer steps (default 10)")
     train.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
+    train.add_argument("--max-docs-per-prompt", type=int, metavar="J_MAX",
+                       help="train on a mix of J: each prompt draws J from --docs-per-prompt..J_MAX")
+    train.add_argument("--skeleton", choices=SKELETONS, help="where HPD's keys go (default interleaved); extract with the same")
+    train.add_argument("--train-embeddings", action="store_true", help="with --full, also train the token embeddings / LM head")
+    train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
+    train.add_argument("--checkpoint-minutes", type=float, help="save the training state this often (default 5) in OUT/checkpoint/")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (same result as an uninterrupted run)")
 
 
 TRAIN_OPTIONS = (
     "decoder", "full", "lora_rank", "lora_alpha", "lora_dropout", "lr", "weight_decay", "warmup_ratio",
     "max_grad_norm", "batch_size", "grad_accum", "epochs", "max_steps", "seed", "log_every",
-    "gradient_checkpointing",
+    "gradient_checkpointing", "max_docs_per_prompt", "skeleton", "train_embeddings", "autocast", "checkpoint_minutes",
 )  # fmt: skip
 
 
@@ -118,8 +126,16 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     model, tokenizer = load_model(model_config)
     model = finetune.prepare_model(model, config)
-    report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config)
+    checkpoints = args.out / "checkpoint"
+    if args.resume and not (checkpoints / "checkpoint.pt").is_file():
+        raise ValueError(f"--resume: no checkpoint in {checkpoints}")
+    if not args.resume and (checkpoints / "checkpoint.pt").is_file():
+        raise ValueError(f"{checkpoints} holds a checkpoint of an earlier run: pass --resume to continue it, "
+                         "or choose another --out")
+    report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config,
+                            checkpoint_dir=checkpoints, resume=args.resume)
     finetune.save(model, tokenizer, args.out, config.full)
+    shutil.rmtree(checkpoints, ignore_errors=True)  # the run is complete: its result is saved
 
     record = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},

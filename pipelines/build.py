@@ -1,13 +1,17 @@
 """Assemble and run the Ray Data job: prepare (CPU tasks) -> extract (actor pool) -> write (CPU tasks).
 
 ```
+shards ──id index (Ray tasks, once per output)──▶ per row: duplicate? already in an earlier output?      _dedup/
 shards ──prepare_shards──▶ chunk rows ──ExtractStage (1 GPU / fractional CPU)──▶ results ──write_chunk──▶ files + commit
          read, validate,                 one chunk per call, decoder loaded                     attributes/, rejected/,
-         dedup, stack                    once per actor                                         _commits/<shard>/<i>.json
+         apply verdicts, stack           once per actor                                         _commits/<shard>/<i>.json
 ```
 
-Everything streams: no shuffle, no groupby, no materialize. The driver only plans shards, reads the
-commit listing, and sums each committed chunk's counters for progress and the report.
+Everything streams: no shuffle, no groupby, no materialize. The id index (pipelines/idindex.py) is
+a map and a reduce over hash partitions of the product ids, in tasks of bounded memory, written
+under the output before the first chunk and read again, not rebuilt, by a resumed run. The driver
+plans shards, reads the commit listing, and sums each committed chunk's counters for progress and
+the report.
 """
 
 from __future__ import annotations
@@ -15,16 +19,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import TextIO
 
 import ray
 
-from pipelines import commit, reader
-from pipelines.dedup import IdRegistry
+from pipelines import attempts, commit, idindex, io, reader
 from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
 from pipelines.prepare import PrepareConfig, prepare_shards
+from pipelines.progress import ProgressConfig, ProgressCounter, ProgressLine
 from pipelines.report import ReportConfig, Stats, build_report, write_report
 
 log = logging.getLogger("hpd.extract")
@@ -39,24 +45,25 @@ class ResourceConfig:
         that tasks always find room (a 2-core machine never deadlocks).
     gpu_actor_cpus: CPUs per extract actor beside its one GPU.
     max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
-    registry_shards: product-id registry actors (default: one per node).
+    index: the id index's tasks (ids held per task, CPUs per task).
+    prepare_tasks: prepare tasks at a time (default: one per extract actor, which keeps each fed);
+        a cap, so that memory does not grow with the number of shards.
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
-    progress_seconds: how often the driver logs progress.
     """
 
     io_cpus: float = 0.25
     cpu_actor_cpus: float = 1.0
     gpu_actor_cpus: float = 1.0
     max_actors: int | None = None
-    registry_shards: int | None = None
+    index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
+    prepare_tasks: int | None = None
     tasks_in_flight_per_actor: int = 2
-    progress_seconds: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus", "progress_seconds"):
+        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_actors", "registry_shards"):
+        for name in ("max_actors", "prepare_tasks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -74,8 +81,8 @@ class ActorSizing:
 
     @property
     def devices(self) -> float:
-        """Devices the pool holds: GPUs, or CPUs on a CPU-only cluster."""
-        return self.actors * (self.num_gpus if self.device == "gpu" else self.num_cpus)
+        """Devices the pool computes on: GPUs, or on a CPU-only cluster the vCPUs its torch threads use."""
+        return self.actors * (self.num_gpus if self.device == "gpu" else (self.threads or self.num_cpus))
 
 
 def size_actors(cluster: dict, config: ResourceConfig) -> ActorSizing:
@@ -98,7 +105,7 @@ def build_dataset(
     output: commit.OutputConfig,
     sizing: ActorSizing,
     resources: ResourceConfig,
-    registry: IdRegistry,
+    counter=None,
 ) -> ray.data.Dataset:
     """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows)."""
     ds = ray.data.from_items(shards, override_num_blocks=len(shards))
@@ -106,8 +113,9 @@ def build_dataset(
         prepare_shards,
         batch_size=1,
         batch_format="pyarrow",
-        fn_kwargs={"config": prepare, "registry": registry},
+        fn_kwargs={"config": prepare},
         num_cpus=resources.io_cpus,
+        compute=ray.data.TaskPoolStrategy(size=resources.prepare_tasks or sizing.actors),
     )
     # A generator's outputs are buffered into blocks of up to 128 MiB: split them back so that each
     # chunk is its own block, scheduled on its own to whichever actor is free (streaming, no shuffle).
@@ -116,7 +124,7 @@ def build_dataset(
         ExtractStage,
         batch_size=1,
         batch_format="pyarrow",
-        fn_constructor_kwargs={"config": extract, "threads": sizing.threads},
+        fn_constructor_kwargs={"config": extract, "threads": sizing.threads, "progress": counter},
         compute=ray.data.ActorPoolStrategy(
             size=sizing.actors, max_tasks_in_flight_per_actor=resources.tasks_in_flight_per_actor
         ),
@@ -132,47 +140,26 @@ def build_dataset(
     )
 
 
-def _seed(manifests: tuple[str, ...], registry: IdRegistry, existing: bool, cpus: float) -> Stats:
-    """Load the product ids of committed manifests into the registry, in parallel: as claims of
-    this run's earlier attempts, or (``existing``) as an earlier output's. Sum their counters."""
+def _committed(manifests: tuple[str, ...], cpus: float) -> Stats:
+    """The counters of chunks committed by earlier attempts, read in parallel (no ids are kept)."""
     stats = Stats()
+    if not manifests:
+        return stats
     ds = ray.data.from_items([{"uri": uri} for uri in manifests]).map_batches(
-        commit.seed_from_manifests,
-        batch_format="pyarrow",
-        fn_kwargs={"registry": registry, "existing": existing},
-        num_cpus=cpus,
+        commit.committed_stats, batch_format="pyarrow", num_cpus=cpus
     )
     for row in ds.iter_rows():
         stats.add(json.loads(row["stats"]))
     return stats
 
 
-def _seed_registry(
-    state: commit.ResumeState, registry: IdRegistry, skip_existing: str | None, output_uri: str, cpus: float
-) -> Stats:
-    """Ids of chunks committed by earlier attempts (and of earlier outputs); their counters."""
-    previous = _seed(state.manifests, registry, False, cpus) if state.manifests else Stats()
-    if skip_existing:
-        earlier = commit.earlier_manifests(skip_existing, exclude=output_uri)
-        if earlier:
-            log.info("--skip-existing: %d committed chunks of earlier outputs under %s", len(earlier), skip_existing)
-            _seed(earlier, registry, True, cpus)
-        else:  # e.g. the first nightly run: nothing done yet
-            log.warning("--skip-existing %s: no earlier output there; nothing to skip", skip_existing)
-    return previous
-
-
-def _stream(ds: ray.data.Dataset, progress_seconds: float) -> Stats:
-    """Drive the pipeline: sum each committed chunk's counters, log progress now and then."""
-    stats, started = Stats(), time.time()
-    last_log = started
+def _stream(ds: ray.data.Dataset, line: ProgressLine) -> Stats:
+    """Drive the pipeline: sum each committed chunk's counters, feed the progress line."""
+    stats = Stats()
     for row in ds.iter_rows():
-        stats.add(json.loads(row["stats"]))
-        if time.time() - last_log >= progress_seconds:
-            last_log = time.time()
-            log.info("committed %d chunks: %d products out, %d rejected (%.1f products/s)", stats.chunks,
-                     stats.counts["products_out"], stats.counts["rejected"],
-                     stats.counts["products_out"] / (last_log - started))
+        chunk = json.loads(row["stats"])
+        stats.add(chunk)
+        line.committed_chunk(row["chunk"], int(chunk["rows_in"]))
     return stats
 
 
@@ -190,40 +177,8 @@ def allow_slow_chunks() -> None:
         context.execution_no_progress_timeout_s = -1
 
 
-def run_job(
-    *,
-    prepare: PrepareConfig,
-    extract: ExtractConfig,
-    output: commit.OutputConfig,
-    report: ReportConfig,
-    resources: ResourceConfig,
-    skip_existing: str | None,
-    arguments: dict,
-) -> dict:
-    """Run (or resume) the whole job on the connected Ray cluster; return the report."""
-    started = time.time()
-    allow_slow_chunks()
-    resumed = commit.claim_output(output.uri, output.run_id, arguments)
-    state = commit.scan(output.uri) if resumed else commit.ResumeState()
-    shards = [
-        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())))
-        for shard in reader.plan_shards(prepare.read)
-        if not state.complete(shard.shard_id)
-    ]
-    sizing = size_actors(ray.cluster_resources(), resources)
-    nodes = sum(1 for node in ray.nodes() if node["Alive"])
-    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
-             len(shards), len(state.manifests), sizing.actors, sizing.device)
-    registry = IdRegistry(resources.registry_shards or nodes)
-    try:
-        previous = _seed_registry(state, registry, skip_existing, output.uri, resources.io_cpus)
-        this_run = Stats()
-        if shards:
-            ds = build_dataset(shards, prepare, extract, output, sizing, resources, registry)
-            this_run = _stream(ds, resources.progress_seconds)
-    finally:
-        registry.shutdown()
-    meta = {
+def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputConfig, skip_existing: str | None) -> dict:
+    return {
         "run_id": output.run_id,
         "input": prepare.read.uri,
         "output": output.uri,
@@ -234,7 +189,94 @@ def run_job(
         "docs_per_prompt": prepare.stacking.docs_per_prompt,
         "max_value_tokens": extract.decode.max_value_tokens,
     }
+
+
+def empty_job(
+    *,
+    prepare: PrepareConfig,
+    extract: ExtractConfig,
+    output: commit.OutputConfig,
+    report: ReportConfig,
+    skip_existing: str | None,
+    arguments: dict,
+) -> dict:
+    """An input that holds no rows: a finished job of 0 products, recorded and reported without Ray
+    (and without loading a model)."""
+    started = time.time()
+    commit.claim_output(output.uri, output.run_id, arguments)
+    attempt = attempts.save(output.uri, attempts.Attempt(
+        attempts.name_for(started), started, time.time(), "cpu", 0, report.price("cpu")))
+    result = build_report(_meta(prepare, extract, output, skip_existing), Stats(), Stats(), [attempt], attempt)
+    write_report(output.uri, result)
+    return result
+
+
+def run_job(
+    *,
+    prepare: PrepareConfig,
+    extract: ExtractConfig,
+    output: commit.OutputConfig,
+    report: ReportConfig,
+    resources: ResourceConfig,
+    skip_existing: str | None,
+    arguments: dict,
+    progress: ProgressConfig = ProgressConfig(),
+    stream: TextIO | None = None,
+) -> dict:
+    """Run (or resume) the whole job on the connected Ray cluster; return the report.
+
+    A job that is already complete is not run again: its report is returned as it is. A run that
+    fails (or is interrupted) before any chunk of the job was committed leaves nothing behind, so
+    a corrected command starts afresh. Progress goes to ``stream`` (default stderr)."""
+    started = time.time()
+    allow_slow_chunks()
+    resumed = commit.claim_output(output.uri, output.run_id, arguments)
+    try:
+        return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,
+                    resumed, started)
+    except BaseException:
+        if not commit.scan(output.uri).manifests:  # nothing committed: leave no _job.json behind
+            commit.discard(output.uri)
+        raise
+
+
+def _run(prepare, extract, output, report, resources, skip_existing, progress, stream, resumed, started) -> dict:
+    state = commit.scan(output.uri) if resumed else commit.ResumeState()
+    planned = reader.plan_shards(prepare.read)
+    report_uri = io.join(output.uri, "_report.json")
+    if all(state.complete(shard.shard_id) for shard in planned) and io.exists(report_uri):
+        log.info("run %s is complete; nothing to do", output.run_id)
+        return io.read_json(report_uri)
+    index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
+    shards = [
+        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
+        for shard, shard_index in zip(planned, index)
+        if not state.complete(shard.shard_id)
+    ]
+    sizing = size_actors(ray.cluster_resources(), resources)
+    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
+             len(shards), len(state.manifests), sizing.actors, sizing.device)
+    attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
+    heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
+    counter = ProgressCounter.remote()
+    try:
+        previous = _committed(state.manifests, resources.io_cpus)
+        this_run = Stats()
+        if shards:
+            line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress)
+            line.start()
+            finished = False
+            try:
+                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
+                this_run = _stream(ds, line)
+                finished = True
+            finally:
+                line.stop(final=finished)
+    finally:
+        ray.kill(counter)
+        attempt = heartbeat.stop()
     total = previous.merged(this_run)
-    result = build_report(report, meta, total, this_run, time.time() - started, sizing.device, sizing.devices)
+    meta = _meta(prepare, extract, output, skip_existing)
+    result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)
     write_report(output.uri, result)
     return result

@@ -6,6 +6,7 @@ rejected/<chunk>.parquet                          original record as JSON, reaso
 _commits/<shard>/<index>.json                     chunk manifest: counters + product ids; the commit
 _commits/<shard>/_chunks-<n>.json                 the shard was read to the end and has n chunks
 _job.json                                         run id and arguments of the job writing here
+_dedup/                                           the id index: dedup and skip verdicts (pipelines/idindex.py)
 _report.json, _report.md                          written last, when every chunk is committed
 ```
 
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
-from pipelines import io
-from pipelines.dedup import COMMITTED
+from pipelines import accounting, io
 from pipelines.schema import PARTITION_COLUMN, partition_value
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -82,6 +83,26 @@ def mark_shard_read(output: str, shard_id: str, chunks: int) -> None:
     io.write_json(io.join(output, "_commits", shard_id, f"_chunks-{chunks}.json"), {"chunks": chunks})
 
 
+def existing_job(output: str) -> tuple[dict | None, bool]:
+    """(the ``_job.json`` of the job writing to ``output`` or None, whether ``output`` holds any file)."""
+    marker = io.join(output, "_job.json")
+    if io.exists(marker):
+        return io.read_json(marker), True
+    return None, bool(io.list_files(output))
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, old value, new value) for every argument that differs, nested dicts flattened."""
+    found = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append((f"{prefix}{key}", a, b))
+    return found
+
+
 def claim_output(output: str, run_id: str, arguments: dict) -> bool:
     """Record the run in ``_job.json``; True if this run already wrote there (a resume).
 
@@ -98,6 +119,15 @@ def claim_output(output: str, run_id: str, arguments: dict) -> bool:
         return True
     io.write_json(marker, {"run_id": run_id, "arguments": arguments})
     return False
+
+
+def discard(output: str) -> None:
+    """Delete everything under ``output`` (the folder itself stays): --overwrite, or a failed run
+    that committed nothing. Only called on outputs that hold an hpd extract job (``_job.json``) or
+    nothing."""
+    fs, path = io.filesystem(output)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        fs.delete_dir_contents(path, missing_dir_ok=True)
 
 
 @dataclass(frozen=True)
@@ -125,28 +155,14 @@ def scan(output: str) -> ResumeState:
     return ResumeState({s: frozenset(i) for s, i in done.items()}, totals, tuple(manifests))
 
 
-def earlier_manifests(prefix: str, exclude: str) -> tuple[str, ...]:
-    """Commit manifests of every output under ``prefix``: one earlier output, or a prefix holding
-    many (e.g. ``dt=<date>/`` per nightly run). Those of ``exclude`` (this run's own output, which
-    resume covers) are left out, so this run's output may live under the prefix."""
-    own = exclude.rstrip("/")
-    manifests = []
-    for uri in io.list_files(prefix):
-        if _COMMIT_NAME.search(uri):
-            root = uri[: uri.rindex("/_commits/")]
-            if root != own and not root.startswith(own + "/"):
-                manifests.append(uri)
-    return tuple(manifests)
-
-
 def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     """Writer stage: write each chunk's files, then its manifest; return its counters."""
     summaries = []
     for row in batch.to_pylist():
         stats = json.loads(row["stats"])
-        if stats["products_out"] + stats["rejected"] + stats["skipped"] != stats["rows_in"]:
-            raise RuntimeError(f"chunk {row['chunk']}: rows do not add up ({stats}); not committing it")
         attributes = io.table_from_bytes(row["attributes"])
+        rejected = io.table_from_bytes(row["rejected"])
+        accounting.check_chunk(row["chunk"], row, stats, attributes, rejected)  # by row identity, before any write
         for category in row["categories"]:
             uri = attributes_uri(output.uri, category, row["chunk"])
             part = attributes.filter(pc.equal(attributes[PARTITION_COLUMN], category))
@@ -154,7 +170,6 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
                 io.write_parquet(uri, part)
             else:
                 io.delete_if_exists(uri)
-        rejected = io.table_from_bytes(row["rejected"])
         if rejected.num_rows:
             io.write_parquet(rejected_uri(output.uri, row["chunk"]), rejected)
         else:
@@ -172,21 +187,13 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))
 
 
-def seed_from_manifests(batch: pa.Table, registry, existing: bool) -> pa.Table:
-    """Load committed manifests' product ids into the registry; return their counters.
-
-    ``existing=False``: this run's earlier attempts; their owned ids are pre-claimed (dedup).
-    ``existing=True``: an earlier output (--skip-existing); all its ids, rejected ones too.
-    """
+def committed_stats(batch: pa.Table) -> pa.Table:
+    """Counters of committed chunks (a resumed run's earlier attempts), for the report's totals."""
     summaries = []
     for uri in batch.column("uri").to_pylist():
         try:
             manifest = io.read_json(uri)
         except ValueError as err:
             raise ValueError(f"{err}: not a manifest written by hpd extract; delete it to redo its chunk") from err
-        if existing:
-            registry.add_existing(manifest["owned_ids"] + manifest["rejected_ids"])
-        else:
-            registry.seed(manifest["owned_ids"], COMMITTED)
         summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"])})
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))

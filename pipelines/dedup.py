@@ -1,109 +1,109 @@
-"""Global product-id deduplication while streaming: a hash-partitioned registry of Ray actors.
+"""Which rows own their product id: the rule, a fast form over one hash partition, and its slow reference.
 
-The first row to claim a product_id owns it; a later row with the same id is rejected as a
-duplicate. A claim is keyed by the row's identity (chunk key and row index), so a retried task or a
-re-read chunk claims its own ids again and still owns them. Ids are pre-claimed at start for
-chunks an earlier attempt already committed (a resumed run then rejects the same later rows).
-Separately, with ``--skip-existing``, the registry holds the product ids of an earlier output;
-rows with those ids are skipped before they are validated or claimed.
+The rule. Rows are ordered by input position: shard (in plan order: file path, then byte offset) and
+row index inside the shard. With ``--skip-existing``, a row whose product id an earlier output already
+has is EXISTING (skipped), whether or not it is valid. Among the other rows that pass validation, the
+first of each product id owns it and every later one is a DUPLICATE (rejected with the reason). Rows
+that fail validation neither own an id nor block a later valid row from owning it.
 
-Memory: one dict entry per distinct product_id (about 150 bytes), spread over ``shards`` actors.
-The registry lives as long as the driver; a resumed run rebuilds it from the commit manifests.
+The order is a property of the input, not of timing, so the verdicts are the same in every attempt,
+retry and resume. Rows of one product id share its hash partition, so each partition is decided on
+its own (``decide``), with only that partition's ids in memory. ``decide_reference`` is the rule
+written as a single loop over the whole input; tests check that they agree.
 """
 
 from __future__ import annotations
 
-import zlib
+from collections.abc import Iterable
 from enum import IntEnum
 
-import ray
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-COMMITTED = "\x00committed"  # owner of ids committed by an earlier attempt of this run
+from pipelines import reader
+from pipelines.idruns import id_hash
+from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, record_id, validate_record
 
 
-class Claim(IntEnum):
-    OWN = 0  # this row owns the id: process it
-    DUPLICATE = 1  # another row owns it: reject as duplicate
+class Verdict(IntEnum):
+    NONE = 0  # no objection: processed if it passes validation
+    DUPLICATE = 1  # a valid row earlier in the input has this product id: rejected
+    EXISTING = 2  # an earlier output has this product id (--skip-existing): skipped
 
 
-@ray.remote(num_cpus=0)
-class _RegistryShard:
-    def __init__(self) -> None:
-        self._owners: dict[str, str] = {}
-        self._existing: set[str] = set()
+# One row per input row that carries a usable product id (read by the map step).
+ID_ROWS_SCHEMA = pa.schema(
+    [
+        ("product_id", pa.string()),
+        ("hash", pa.uint64()),
+        ("shard", pa.int32()),  # the shard's position in the plan
+        ("row", pa.int64()),  # the row's index in its shard
+        ("valid", pa.bool_()),  # passes validation (only valid rows can own an id)
+    ]
+)
+VERDICTS_SCHEMA = pa.schema([("shard", pa.int32()), ("row", pa.int64()), ("verdict", pa.int8())])
+DONE_IDS_SCHEMA = pa.schema([("product_id", pa.string()), ("hash", pa.uint64())])  # ids an output has
 
-    def claim(self, ids: list[str], owners: list[str]) -> list[int]:
-        return [
-            Claim.OWN if self._owners.setdefault(product_id, owner) == owner else Claim.DUPLICATE
-            for product_id, owner in zip(ids, owners)
+
+def id_rows(
+    shard: int, records: list[reader.RawRecord], schema: AttributeSchema, validation: ValidationConfig
+) -> pa.Table:
+    """ID_ROWS_SCHEMA rows of one chunk: its records that carry a usable product id."""
+    ids, hashes, rows, valid = [], [], [], []
+    for record in records:
+        product_id = record_id(record.value) if record.error is None else None
+        if product_id is None:
+            continue
+        ids.append(product_id)
+        hashes.append(id_hash(product_id))
+        rows.append(record.row)
+        valid.append(isinstance(validate_record(record.value, schema, validation), Accepted))
+    columns = [ids, hashes, np.full(len(ids), shard, dtype=np.int32), rows, valid]
+    return pa.table([pa.array(c, f.type) for c, f in zip(columns, ID_ROWS_SCHEMA)], schema=ID_ROWS_SCHEMA)
+
+
+def decide(rows: pa.Table, existing: pa.Array | pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
+    """Verdicts for the rows of one hash partition (all rows of their ids, from every shard).
+
+    ``existing``: product ids of earlier outputs in this partition. Returns (the rows with a verdict
+    other than NONE, VERDICTS_SCHEMA; the ids this output will hold, DONE_IDS_SCHEMA, unique).
+    """
+    if len(existing):
+        skipped = pc.fill_null(pc.is_in(rows["product_id"], value_set=pc.unique(existing)), False)
+    else:
+        skipped = pa.array(np.zeros(rows.num_rows, dtype=bool))
+    candidates = rows.filter(pc.and_(rows["valid"], pc.invert(skipped)))
+    candidates = candidates.sort_by([("product_id", "ascending"), ("shard", "ascending"), ("row", "ascending")])
+    ids = candidates["product_id"].combine_chunks()
+    later = np.zeros(len(ids), dtype=bool)  # same id as the row before it in (id, shard, row) order
+    if len(ids) > 1:
+        later[1:] = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
+    duplicates = candidates.filter(pa.array(later))
+    existing_rows = rows.filter(skipped)
+    verdicts = pa.concat_tables(
+        [
+            _verdicts(duplicates, Verdict.DUPLICATE),
+            _verdicts(existing_rows, Verdict.EXISTING),
         ]
-
-    def seed(self, ids: list[str], owner: str) -> None:
-        for product_id in ids:
-            self._owners.setdefault(product_id, owner)
-
-    def add_existing(self, ids: list[str]) -> None:
-        self._existing.update(ids)
-
-    def existing(self, ids: list[str]) -> list[bool]:
-        return [product_id in self._existing for product_id in ids]
-
-    def size(self) -> int:
-        return len(self._owners) + len(self._existing)
+    )
+    done = rows.filter(pc.invert(skipped)).select(["product_id", "hash"]).group_by(["product_id", "hash"]).aggregate([])
+    return verdicts, done.select(["product_id", "hash"]).cast(DONE_IDS_SCHEMA)
 
 
-def _shard_of(product_id: str, shards: int) -> int:
-    return zlib.crc32(product_id.encode("utf-8")) % shards  # stable across processes, unlike hash()
+def _verdicts(rows: pa.Table, verdict: Verdict) -> pa.Table:
+    values = np.full(rows.num_rows, int(verdict), dtype=np.int8)
+    return pa.table([rows["shard"], rows["row"], values], schema=VERDICTS_SCHEMA)
 
 
-class IdRegistry:
-    """Client side: picklable (it holds actor handles), so Ray tasks can take it as an argument."""
-
-    def __init__(self, shards: int) -> None:
-        if shards < 1:
-            raise ValueError(f"registry shards must be >= 1, got {shards}")
-        self._actors = [_RegistryShard.remote() for _ in range(shards)]
-
-    def _split(self, ids: list[str]) -> list[list[int]]:
-        positions: list[list[int]] = [[] for _ in self._actors]
-        for position, product_id in enumerate(ids):
-            positions[_shard_of(product_id, len(self._actors))].append(position)
-        return positions
-
-    def _call(self, method: str, ids: list[str], owners: list[str] | None = None, *args) -> list:
-        """Call ``method`` on each registry shard with its part of ``ids`` (and ``owners``);
-        the answers come back in ``ids`` order (None for methods that answer nothing)."""
-        positions = self._split(ids)
-        parts = [(actor, part) for actor, part in zip(self._actors, positions) if part]
-        refs = []
-        for actor, part in parts:
-            per_row = ([owners[p] for p in part],) if owners is not None else ()
-            refs.append(getattr(actor, method).remote([ids[p] for p in part], *per_row, *args))
-        answers: list = [None] * len(ids)
-        for (_, part), answer in zip(parts, ray.get(refs)):
-            for position, value in zip(part, answer if answer is not None else [None] * len(part)):
-                answers[position] = value
-        return answers
-
-    def claim(self, ids: list[str], owners: list[str]) -> list[Claim]:
-        """One claim per id, in order; ``owners[i]`` identifies the row claiming ``ids[i]``."""
-        return [Claim(claim) for claim in self._call("claim", ids, owners)]
-
-    def seed(self, ids: list[str], owner: str) -> None:
-        """Pre-claim ``ids`` for ``owner`` (ids committed by an earlier attempt)."""
-        self._call("seed", ids, None, owner)
-
-    def add_existing(self, ids: list[str]) -> None:
-        """Remember the product ids of an earlier output (--skip-existing)."""
-        self._call("add_existing", ids)
-
-    def existing(self, ids: list[str]) -> list[bool]:
-        return self._call("existing", ids)
-
-    def size(self) -> int:
-        return sum(ray.get([actor.size.remote() for actor in self._actors]))
-
-    def shutdown(self) -> None:
-        """End the registry actors (they also end with the driver that created them)."""
-        for actor in self._actors:
-            ray.kill(actor)
+def decide_reference(rows: Iterable[tuple[int, int, str, bool]], existing: set[str]) -> dict[tuple[int, int], Verdict]:
+    """The rule as one loop in input order: (shard, row, product_id, valid) -> verdicts other than NONE."""
+    seen, verdicts = set(), {}
+    for shard, row, product_id, valid in sorted(rows):
+        if product_id in existing:
+            verdicts[shard, row] = Verdict.EXISTING
+        elif valid and product_id in seen:
+            verdicts[shard, row] = Verdict.DUPLICATE
+        elif valid:
+            seen.add(product_id)
+    return verdicts

@@ -2,13 +2,31 @@
 
 Per chunk: prepared rows -> engine requests (one per stack) -> ``decoder.decode`` -> one output row
 per (product, attribute), and rejected rows for validation failures (passed through) and for
-requests the engine could not decode (``Result.error``). torch and the engine are imported inside
-the constructor only, so the driver and the CPU stages never load them.
+prompts the decoder could not decode. torch and the engine are imported when the first chunk with
+products arrives (a chunk of rejected rows, or an empty input, never loads a model), and never on
+the driver or in the CPU stages.
+
+Failures are per prompt: a decoder call that raises is retried with each of its prompts alone
+(``decode_attempts`` tries per prompt in all), so one bad prompt costs only its own products, which
+become rejected rows (stage ``extract``) with the error as the reason; a prompt the engine itself
+reports as failed (``Result.error``, e.g. it does not fit in device memory even alone, after the
+engine's own split-and-retry) is rejected at once. When every prompt of a call fails alone the
+decoder itself is broken: the chunk fails (Ray retries it, then the job stops) rather than rejecting
+the whole catalog.
+
+The requests of a chunk are decoded in calls of ``prompts_per_call`` (longest-first order, so that
+a call's prompts have similar lengths, as the engine's own batches do); after each call the stage
+tells the driver's progress counter how many products it decoded, so progress moves inside a chunk.
+
+Each result row carries the chunk's ledger by row identity (row index in the shard): the rows read
+and, for each, where it went (written, rejected, skipped). The writer checks it against the files
+before it commits (pipelines/accounting.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -18,7 +36,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from hpd_core.config import DECODERS, DEFAULT_MODEL, DecodeConfig, ModelConfig
-from hpd_core.types import Product
+from hpd_core.types import Product, Request, Result
 from pipelines import io
 from pipelines.artifacts import resolve_model_path
 from pipelines.commit import ATTRIBUTES_SCHEMA, REJECTED_SCHEMA
@@ -41,8 +59,15 @@ RESULT_SCHEMA = pa.schema(
         ("owned_ids", pa.list_(pa.string())),  # product ids this chunk owns (dedup)
         ("rejected_ids", pa.list_(pa.string())),
         ("stats", pa.string()),  # JSON counters, see report.COUNTERS
+        # the ledger (pipelines/accounting.py): row indices in the shard
+        ("read_rows", pa.list_(pa.int64())),
+        ("read_ids", pa.list_(pa.string())),  # product id of each read row (None if it has none)
+        ("written_rows", pa.list_(pa.int64())),
+        ("rejected_rows", pa.list_(pa.int64())),  # in the order of the rejected table
+        ("skipped_rows", pa.list_(pa.int64())),
     ]
 )
+log = logging.getLogger("hpd.extract")
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,9 @@ class ExtractConfig:
 
     model_uri / adapter_uri may be ``s3://`` prefixes: each node copies them once into its cache
     before the engine's ModelConfig (which refuses S3 names) is built.
+    prompts_per_call: prompts per decoder call; progress is reported after each call (None: the
+        engine's ``max_batch_size``, so a call is about one engine batch and costs no throughput).
+    decode_attempts: tries per prompt before its products are rejected (see the module doc).
     """
 
     decoder: str
@@ -61,11 +89,21 @@ class ExtractConfig:
     dtype: str = "float32"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     dry_run: DryRunConfig = field(default_factory=DryRunConfig)
+    prompts_per_call: int | None = None
+    decode_attempts: int = 2
 
     def __post_init__(self) -> None:
         if self.decoder not in EXTRACT_DECODERS:
             raise ValueError(f"decoder must be one of {EXTRACT_DECODERS}, got {self.decoder!r}")
+        if self.prompts_per_call is not None and (not isinstance(self.prompts_per_call, int) or self.prompts_per_call < 1):
+            raise ValueError(f"prompts_per_call must be a positive int, got {self.prompts_per_call!r}")
+        if not isinstance(self.decode_attempts, int) or self.decode_attempts < 1:
+            raise ValueError(f"decode_attempts must be a positive int, got {self.decode_attempts!r}")
         self.model_config("cpu", resolve=False)  # validates dtype and names once, at job start
+
+    @property
+    def call_size(self) -> int:
+        return self.prompts_per_call or self.decode.max_batch_size
 
     def model_config(self, device: str, resolve: bool = True) -> ModelConfig:
         def local(uri: str | None) -> str | None:
@@ -88,20 +126,93 @@ def load(config: ExtractConfig):
     return load_decoder(config.decoder, config.model_config(device), config.decode)
 
 
+def _text_length(request: Request) -> int:
+    """A cheap stand-in for the prompt's token count (to group prompts of similar length)."""
+    return sum(len(p.title) + len(p.description or "") + sum(map(len, p.features)) for p in request.products)
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
+
+
 class ExtractStage:
-    """Ray Data callable class: constructed once per actor, called once per chunk row."""
+    """Ray Data callable class: constructed once per actor, called once per chunk row.
 
-    def __init__(self, config: ExtractConfig, threads: int | None = None) -> None:
-        if threads is not None and config.decoder != DRY_RUN:
-            import torch
+    ``progress``: the driver's progress counter (pipelines/progress.py), or None.
+    """
 
-            torch.set_num_threads(threads)  # CPU actors: see build.size_actors
+    def __init__(self, config: ExtractConfig, threads: int | None = None, progress=None) -> None:
         self.config = config
+        self.threads = threads
+        self.progress = progress
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
-        self.decoder = load(config)
+        self._decoder = None
+
+    @property
+    def decoder(self):
+        return self.load_decoder()
+
+    def load_decoder(self):
+        """Loaded on first use: chunks without products never load a model."""
+        if self._decoder is None:
+            if self.threads is not None and self.config.decoder != DRY_RUN:
+                import torch
+
+                torch.set_num_threads(self.threads)  # CPU actors: see build.size_actors
+            self._decoder = load(self.config)
+        return self._decoder
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return pa.Table.from_pylist([self._chunk(row) for row in batch.to_pylist()], schema=RESULT_SCHEMA)
+
+    def _tell(self, method: str, *args) -> None:
+        if self.progress is not None:
+            getattr(self.progress, method).remote(*args)  # fire and forget
+
+    def _call(self, requests: list[Request]) -> list[Result]:
+        results = self.decoder.decode(requests)
+        if len(results) != len(requests):
+            raise RuntimeError(f"decoder {self.decoder.name} returned {len(results)} results for {len(requests)} requests")
+        return results
+
+    def _decode_alone(self, request: Request, tries: int) -> Result | str:
+        """One prompt on its own, ``tries`` times at most; the last error's reason if all fail."""
+        reason = "not tried"
+        for _ in range(tries):
+            try:
+                return self._call([request])[0]
+            except Exception as err:  # a per-prompt failure: the prompt's rows are rejected with it
+                reason = _reason(err)
+                log.warning("prompt of %d products (%s) failed alone: %s", len(request.products), request.category, reason)
+        return reason
+
+    def _decode(self, requests: list[Request]) -> list[Result | str]:
+        """Results in request order; a str where the prompt failed (the reason)."""
+        try:
+            return list(self._call(requests))
+        except Exception as err:  # isolate the prompt(s) that fail: retried alone below
+            if self.config.decode_attempts == 1:
+                return [_reason(err)] * len(requests)
+            log.warning("decoder call with %d prompts failed (%s); retrying each prompt alone", len(requests), _reason(err))
+        outcomes = [self._decode_alone(request, self.config.decode_attempts - 1) for request in requests]
+        if len(requests) > 1 and all(isinstance(outcome, str) for outcome in outcomes):
+            raise RuntimeError(f"every one of {len(requests)} prompts failed, also alone (the decoder itself is failing): "
+                               f"{outcomes[0]}")
+        return outcomes
+
+    def _decode_chunk(self, chunk: str, requests: list[Request]) -> list[Result | str]:
+        """All requests of a chunk, in calls of ``call_size`` prompts of similar length, reporting progress."""
+        self.load_decoder()  # before the chunk counts as started: loading is not decoding
+        self._tell("start", chunk, sum(len(r.products) for r in requests))
+        outcomes: list[Result | str | None] = [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: -_text_length(requests[i]))
+        size = self.config.call_size
+        for start in range(0, len(order), size):
+            part = order[start : start + size]
+            for i, outcome in zip(part, self._decode([requests[i] for i in part])):
+                outcomes[i] = outcome
+            self._tell("add", chunk, sum(len(requests[i].products) for i in part))
+        return outcomes  # type: ignore[return-value]
 
     def _chunk(self, chunk: dict) -> dict:
         rows = io.table_from_bytes(chunk["payload"]).to_pylist()
@@ -116,13 +227,15 @@ class ExtractStage:
             [row["stack"] for row in rows], [row["category"] for row in rows], products, self.config.schema
         )
         started = time.perf_counter()
-        results = self.decoder.decode([request for request, _ in requests]) if requests else []
+        outcomes = self._decode_chunk(chunk["chunk"], [request for request, _ in requests]) if requests else []
         decode_seconds = time.perf_counter() - started
-        if len(results) != len(requests):
-            raise RuntimeError(f"decoder {self.decoder.name} returned {len(results)} results for {len(requests)} requests")
 
-        attributes, failed = [], {}
-        for (request, positions), result in zip(requests, results):
+        attributes, failed, written = [], {}, []
+        for (request, positions), result in zip(requests, outcomes):
+            if isinstance(result, str):  # the decoder raised for this prompt, also alone
+                stats.update(prompts=1)
+                failed.update({p: f"extract error: {result}" for p in positions})
+                continue
             stats.update(prompts=1, prompt_tokens=result.prompt_tokens, generated_tokens=result.generated_tokens)
             stats.update(forward_passes=result.forward_passes)
             if result.error is not None:
@@ -130,6 +243,7 @@ class ExtractStage:
                 continue
             for position, values in zip(positions, result.values):
                 row = rows[position]
+                written.append(position)
                 stats.update(products_out=1, inputs_truncated=int(row["input_truncated"]))
                 for attribute, value in zip(request.attributes, values):
                     stats.update(
@@ -151,13 +265,15 @@ class ExtractStage:
                         }
                     )
 
-        rejected, by_stage = [], Counter()
+        rejected, rejected_at, by_stage = [], [], Counter()
         for position, row in enumerate(rows):
             reason, stage = (failed[position], "extract") if position in failed else (row["reason"], row["stage"])
             if row["status"] == REJECTED or position in failed:
                 rejected.append({"record": row["record"], "reason": reason, "stage": stage, "run_id": self.config.run_id})
+                rejected_at.append(position)
                 by_stage[stage] += 1
-        stats.update(rejected=len(rejected), skipped=sum(row["status"] == SKIPPED for row in rows))
+        skipped = [position for position, row in enumerate(rows) if row["status"] == SKIPPED]
+        stats.update(rejected=len(rejected), skipped=len(skipped))
         summary = dict(stats, decode_seconds=decode_seconds, rejected_by_stage=dict(by_stage), actor=self.actor)
         return {
             "chunk": chunk["chunk"],
@@ -171,4 +287,9 @@ class ExtractStage:
                 row["product_id"] for row in rows if row["status"] == REJECTED and row["product_id"] is not None
             ],
             "stats": json.dumps(summary),
+            "read_rows": [row["row"] for row in rows],
+            "read_ids": [row["product_id"] for row in rows],
+            "written_rows": [rows[p]["row"] for p in written],
+            "rejected_rows": [rows[p]["row"] for p in rejected_at],
+            "skipped_rows": [rows[p]["row"] for p in skipped],
         }

@@ -81,10 +81,14 @@ def write_json(uri: str, data: object) -> None:
     write_bytes(uri, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
-def read_json(uri: str) -> object:
+def read_bytes(uri: str) -> bytes:
     fs, path = filesystem(uri)
     with fs.open_input_stream(path) as stream:
-        data = stream.read()
+        return stream.read()
+
+
+def read_json(uri: str) -> object:
+    data = read_bytes(uri)
     try:
         return json.loads(data)
     except json.JSONDecodeError as err:

@@ -1,5 +1,8 @@
 """The CPU stage before the model: read a shard, validate, deduplicate and stack, one chunk at a time.
 
+Which rows are duplicates or already done (--skip-existing) was decided before the pipeline started,
+by the id index (pipelines/idindex.py); each shard reads its own verdicts, one byte per row.
+
 Each chunk leaves as ONE row (its rows packed as Arrow IPC bytes in ``payload``), so that later
 stages, whatever batch size Ray gives them, always see whole chunks: a chunk is written and
 committed as a unit. Rows that fail here are marked rejected (reason, stage) and ride along to the
@@ -11,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines import io, reader
 from pipelines.commit import chunk_key, mark_shard_read
-from pipelines.dedup import Claim, IdRegistry
-from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, validate_record
+from pipelines.dedup import Verdict
+from pipelines.idindex import from_json, shard_verdicts
+from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, record_id, validate_record
 from pipelines.stacking import NO_STACK, StackingConfig, assign_stacks
 
 OK, REJECTED, SKIPPED = "ok", "rejected", "skipped"
@@ -57,19 +62,7 @@ class PrepareConfig:
     stacking: StackingConfig
     schema: AttributeSchema
     output_uri: str
-    skip_existing: bool = False  # ask the registry which ids an earlier output already has
-
-
-def _record_id(value: object) -> str | None:
-    """The record's product_id if it is a usable string (kept for rejected rows, see commit.py)."""
-    product_id = value.get("product_id") if isinstance(value, dict) else None
-    if not isinstance(product_id, str) or not product_id.strip():
-        return None
-    try:
-        product_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return product_id
+    skip_existing: bool = False  # --skip-existing is on (informational: the id index marks the rows it skips)
 
 
 def _row(record: reader.RawRecord, status: str, reason=None, stage=None, accepted: Accepted | None = None) -> dict:
@@ -79,7 +72,7 @@ def _row(record: reader.RawRecord, status: str, reason=None, stage=None, accepte
         "reason": reason,
         "stage": stage,
         "record": record.text,
-        "product_id": _record_id(record.value),
+        "product_id": record_id(record.value),
         "category": None,
         "title": None,
         "description": None,
@@ -100,44 +93,39 @@ def _row(record: reader.RawRecord, status: str, reason=None, stage=None, accepte
     return row
 
 
-def prepare_chunk(
-    key: str, records: list[reader.RawRecord], config: PrepareConfig, registry: IdRegistry
-) -> list[dict]:
-    """Rows of one chunk in PREPARED_SCHEMA order: skipped, validated, deduplicated, stacked."""
-    existing = set()
-    if config.skip_existing:
-        ids = [product_id for product_id in map(_record_id, (r.value for r in records)) if product_id]
-        existing = {product_id for product_id, known in zip(ids, registry.existing(ids)) if known}
-    rows, accepted = [], []
+def prepare_chunk(records: list[reader.RawRecord], config: PrepareConfig, verdicts: np.ndarray) -> list[dict]:
+    """Rows of one chunk in PREPARED_SCHEMA order: skipped, validated, deduplicated, stacked.
+
+    ``verdicts[row]``: the id index's Verdict for each row of the shard (pipelines/dedup.py).
+    """
+    rows = []
     for record in records:
+        if record.row >= len(verdicts):
+            raise RuntimeError(f"row {record.row} is past the {len(verdicts)} rows the id index counted in this "
+                               "shard: the input changed since the run started; use a new --output")
+        verdict = verdicts[record.row]
         if record.error is not None:
             rows.append(_row(record, REJECTED, record.error, "read"))
-        elif _record_id(record.value) in existing:
+        elif verdict == Verdict.EXISTING:
             rows.append(_row(record, SKIPPED, "already in an earlier output", "skip-existing"))
-        elif isinstance(verdict := validate_record(record.value, config.schema, config.validation), Accepted):
-            accepted.append((len(rows), record, verdict))
-            rows.append(None)  # filled after the claim
+        elif isinstance(checked := validate_record(record.value, config.schema, config.validation), Accepted):
+            if verdict == Verdict.DUPLICATE:
+                rows.append(_row(record, REJECTED, "duplicate product_id", "dedup", checked))
+            else:
+                rows.append(_row(record, OK, accepted=checked))
         else:
-            rows.append(_row(record, REJECTED, verdict.reason, "validate"))
-    claims = registry.claim(
-        [verdict.product.product_id for _, _, verdict in accepted],
-        [f"{key}:{record.row}" for _, record, _ in accepted],
-    )
-    for (position, record, verdict), claim in zip(accepted, claims):
-        if claim == Claim.OWN:
-            rows[position] = _row(record, OK, accepted=verdict)
-        else:
-            rows[position] = _row(record, REJECTED, "duplicate product_id", "dedup", verdict)
+            rows.append(_row(record, REJECTED, checked.reason, "validate"))
     categories = [row["category"] if row["status"] == OK else None for row in rows]
     for row, stack in zip(rows, assign_stacks(categories, config.stacking)):
         row["stack"] = stack
     return rows
 
 
-def prepare_shards(batch: pa.Table, config: PrepareConfig, registry: IdRegistry) -> Iterator[pa.Table]:
+def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]:
     """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk."""
     for shard_row in batch.to_pylist():
         skip = frozenset(shard_row.pop("skip"))
+        verdicts = shard_verdicts(from_json(shard_row.pop("index")))
         shard = reader.Shard(**shard_row)
         chunks = 0
         for index, records in reader.iter_chunks(shard, config.read, skip):
@@ -145,7 +133,7 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig, registry: IdRegistry)
             if records is None:  # committed by an earlier attempt
                 continue
             key = chunk_key(shard.shard_id, index)
-            rows = prepare_chunk(key, records, config, registry)
+            rows = prepare_chunk(records, config, verdicts)
             payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
             chunk = {"chunk": key, "shard": shard.shard_id, "index": index, "rows_in": len(rows), "payload": payload}
             yield pa.Table.from_pylist([chunk], schema=CHUNK_SCHEMA)

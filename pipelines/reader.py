@@ -94,11 +94,11 @@ def list_input_files(uri: str) -> list[tuple[str, int]]:
     if info.type == pafs.FileType.File:
         return [(to_uri(fs, root), info.size)]
     if info.type != pafs.FileType.Directory:
-        raise ValueError(f"input {uri!r} does not exist")
+        raise ValueError(f"--input {uri} does not exist")
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     files = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File and not _hidden(root, i.path))
     if not files:
-        raise ValueError(f"input {uri!r} holds no data files")
+        raise ValueError(f"--input {uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz)")
     return [(to_uri(fs, path), size) for path, size in files]
 
 
@@ -261,3 +261,48 @@ def _finish(index, pending, first_row, skip):
     if index in skip:
         return None
     return [parse_raw(first_row + i, raw) for i, raw in enumerate(pending)]
+
+
+def has_rows(shards: list[Shard], config: ReadConfig) -> bool:
+    """Whether the input holds at least one row (an unreadable file counts: it becomes a rejected row)."""
+    return any(next(iter(_raw_rows(shard, config.read_block_bytes)), None) is not None for shard in shards)
+
+
+def _parquet_rows_in(shard: Shard) -> int:
+    fs, path = filesystem(shard.uri)
+    try:
+        with fs.open_input_file(path) as file:
+            return pq.ParquetFile(file).metadata.num_rows
+    except (pa.ArrowInvalid, OSError):
+        return 1  # read as one rejected row (see _parquet_rows)
+
+
+def _jsonl_rows_per_byte(shard: Shard, config: ReadConfig) -> float:
+    """From the shard's first block: rows per byte."""
+    sample = replace(shard, end=min(shard.end, shard.start + config.read_block_bytes))
+    lines = list(_jsonl_lines(sample, config.read_block_bytes))
+    return len(lines) / max(1, sum(map(len, lines)))
+
+
+def count_rows(shards: list[Shard], config: ReadConfig, exact_bytes: int) -> tuple[int | None, bool]:
+    """(rows of the input, exact?). JSON Lines are counted line by line while they total at most
+    ``exact_bytes``, else estimated from the first shard's rows per byte; gzip files that large
+    leave the total unknown (None). Parquet row counts come from the file metadata."""
+    jsonl = [s for s in shards if s.max_rows is None and s.kind in ("jsonl", "jsonl.gz")]
+    count_lines = sum(s.end - s.start for s in jsonl) <= exact_bytes
+    if not count_lines and any(s.kind == "jsonl.gz" for s in jsonl):
+        return None, False
+    per_byte = _jsonl_rows_per_byte(jsonl[0], config) if jsonl and not count_lines else 0.0
+    total = 0
+    for shard in shards:
+        if shard.max_rows is not None:
+            total += shard.max_rows
+        elif shard.kind == "parquet":
+            total += _parquet_rows_in(shard)
+        elif shard.kind == "unsupported":
+            total += 1
+        elif count_lines:
+            total += sum(1 for _ in _jsonl_lines(shard, config.read_block_bytes))
+        else:
+            total += round((shard.end - shard.start) * per_byte)
+    return total, count_lines or not jsonl

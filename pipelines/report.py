@@ -1,7 +1,9 @@
 """Counters per chunk, their totals, and the job report (``_report.json`` + ``_report.md``).
 
 Every chunk's commit manifest carries its counters, so totals over a resumed job are the sum over
-all manifests; wall time, device time and cost are those of the run that writes the report.
+all manifests; wall time, device time and cost are summed over the job's attempts
+(pipelines/attempts.py), each priced per hour of its own device kind. ``this_run`` holds the
+figures of the attempt that wrote the report.
 """
 
 from __future__ import annotations
@@ -28,15 +30,34 @@ COUNTERS = (
 )
 
 
+GPU_PRICE_PER_HOUR = 3.77  # one L40S GPU: g6e.48xlarge on-demand, $30.13/h for 8 GPUs
+CPU_PRICE_PER_HOUR = 0.0425  # one vCPU: c5.2xlarge on-demand, $0.34/h for 8 vCPUs (us-east-1)
+UNITS = {"gpu": "GPU-hour", "cpu": "vCPU-hour"}
+
+
 @dataclass(frozen=True)
 class ReportConfig:
-    """price_per_gpu_hour: default g6e.48xlarge on-demand, $30.13/h for 8 L40S GPUs."""
+    """Prices per device-hour for the report's $ per 1k products.
 
-    price_per_gpu_hour: float = 3.77
+    price_per_hour: the user's price per device-hour (--price-per-hour); None: the default of the
+        device kind the job runs on, ``gpu_price_per_hour`` per GPU or ``cpu_price_per_hour`` per
+        vCPU (see the README for where they come from).
+    """
+
+    price_per_hour: float | None = None
+    gpu_price_per_hour: float = GPU_PRICE_PER_HOUR
+    cpu_price_per_hour: float = CPU_PRICE_PER_HOUR
 
     def __post_init__(self) -> None:
-        if self.price_per_gpu_hour < 0:
-            raise ValueError(f"price_per_gpu_hour must be >= 0, got {self.price_per_gpu_hour}")
+        for name in ("price_per_hour", "gpu_price_per_hour", "cpu_price_per_hour"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+
+    def price(self, device: str) -> float:
+        if self.price_per_hour is not None:
+            return self.price_per_hour
+        return self.gpu_price_per_hour if device == "gpu" else self.cpu_price_per_hour
 
 
 @dataclass
@@ -68,32 +89,26 @@ class Stats:
         )
 
 
-def build_report(
-    config: ReportConfig,
-    meta: dict,
-    total: Stats,
-    this_run: Stats,
-    wall_seconds: float,
-    device: str,
-    devices: float,
-) -> dict:
-    """The report as a JSON-able dict. ``device`` is "gpu" or "cpu"; ``devices`` how many were held."""
-    device_seconds = wall_seconds * devices
-    products = this_run.counts["products_out"]
-    cost = device_seconds / 3600 * config.price_per_gpu_hour
+def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, current) -> dict:
+    """The report as a JSON-able dict: counters of the whole job, time and cost summed over its
+    ``attempts`` (pipelines.attempts.Attempt, ``current`` among them), ``this_run`` for ``current``."""
+    products = total.counts["products_out"]
+    kinds = sorted({a.device for a in attempts})
+    device_seconds = sum(a.device_seconds for a in attempts)
+    usd = sum(a.usd for a in attempts)
+    run_products = this_run.counts["products_out"]
     run = {
         "chunks": this_run.chunks,
         "rows_in": this_run.counts["rows_in"],
-        "products_out": products,
-        "wall_seconds": round(wall_seconds, 3),
-        "device": device,
-        "devices": devices,
-        "device_seconds": round(device_seconds, 3),
-        f"{device}_seconds": round(device_seconds, 3),
+        "products_out": run_products,
+        "wall_seconds": round(current.wall_seconds, 3),
+        "device": current.device,
+        "devices": current.devices,
+        "device_seconds": round(current.device_seconds, 3),
         "busy_device_seconds": round(this_run.decode_seconds, 3),
-        "products_per_second_per_device": round(products / device_seconds, 3) if device_seconds else None,
-        "price_per_gpu_hour": config.price_per_gpu_hour,
-        "usd_per_1k_products": round(cost / products * 1000, 6) if products else None,
+        "products_per_second_per_device": round(run_products / current.device_seconds, 3) if current.device_seconds and run_products else None,
+        "price_per_hour": current.price_per_hour,
+        "usd": round(current.usd, 6),
         "extract_actor_processes": len(this_run.actors),
     }
     report = dict(meta)
@@ -102,14 +117,34 @@ def build_report(
     report["rows_skipped"] = total.counts["skipped"]
     report["rejected_by_stage"] = dict(sorted(total.rejected_by_stage.items()))
     report["chunks"] = total.chunks
-    report["resumed"] = total.chunks > this_run.chunks
-    report.update({k: v for k, v in run.items() if k not in COUNTERS and k != "chunks"})  # time, cost: this run
+    report["attempts"] = len(attempts)
+    report["resumed"] = len(attempts) > 1
+    report["wall_seconds"] = round(sum(a.wall_seconds for a in attempts), 3)
+    report["device"] = "+".join(kinds)
+    report["devices"] = current.devices
+    report["device_seconds"] = round(device_seconds, 3)  # GPU-seconds or vCPU-seconds (all attempts)
+    for kind in kinds:
+        report[f"{kind}_seconds"] = round(sum(a.device_seconds for a in attempts if a.device == kind), 3)
+    report["busy_device_seconds"] = round(total.decode_seconds, 3)
+    one_kind = len(kinds) == 1
+    report["products_per_second_per_device"] = (
+        round(products / device_seconds, 3) if one_kind and device_seconds and products else None
+    )
+    report["price_per_hour"] = current.price_per_hour
+    report["price_unit"] = UNITS[current.device]
+    report["usd"] = round(usd, 6)
+    report["usd_per_1k_products"] = round(usd / products * 1000, 6) if products else None
+    report["extract_actor_processes"] = len(total.actors)
     report["this_run"] = run
     return report
 
 
+def _or_na(value, prefix: str = "") -> str:
+    return "n/a" if value is None else f"{prefix}{value}"
+
+
 def render_markdown(report: dict) -> str:
-    device = report["device"].upper()
+    device = "+".join({"cpu": "vCPU", "gpu": "GPU"}[kind] for kind in report["device"].split("+"))
     lines = [
         f"# Extraction report `{report['run_id']}`",
         "",
@@ -131,12 +166,15 @@ def render_markdown(report: dict) -> str:
         f"| {report['prompts']} | {report['prompt_tokens']} | {report['generated_tokens']} "
         f"| {report['forward_passes']} | {report['values_truncated']} | {report['parse_errors']} |",
         "",
-        f"This run{' (resumed: earlier runs committed part of the job)' if report['resumed'] else ''}: "
-        f"{report['this_run']['products_out']} products in {report['wall_seconds']} s on "
-        f"{report['devices']} {device} ({report['device_seconds']} {device}-seconds, "
-        f"{report['busy_device_seconds']} s busy decoding), "
-        f"{report['products_per_second_per_device']} products/s per {device}, "
-        f"${report['usd_per_1k_products']} per 1k products at ${report['price_per_gpu_hour']} per device-hour.",
+        f"Whole job ({report['attempts']} attempt{'s' if report['attempts'] != 1 else ''}"
+        f"{', resumed' if report['resumed'] else ''}): {report['products_out']} products in {report['wall_seconds']} s, "
+        f"{report['device_seconds']} {device}-seconds ({report['busy_device_seconds']} s busy decoding), "
+        f"{_or_na(report['products_per_second_per_device'])} products/s per {device}, "
+        f"{_or_na(report['usd_per_1k_products'], '$')} per 1k products (${report['usd']} in all) "
+        f"at ${report['price_per_hour']} per {report['price_unit']}.",
+        "",
+        f"This run: {report['this_run']['products_out']} products in {report['this_run']['wall_seconds']} s on "
+        f"{report['this_run']['devices']} {'GPU' if report['this_run']['device'] == 'gpu' else 'vCPU'}.",
         "",
     ]
     return "\n".join(lines)

@@ -201,6 +201,15 @@ def _fit(title: str, description: str | None, features: tuple[str, ...], budget:
     return title, description or None, tuple(kept)
 
 
+def record_id(value: object) -> str | None:
+    """The record's product_id if it is a usable string (non-blank, valid Unicode), even when the
+    record fails validation otherwise: rejected rows keep it, and --skip-existing matches on it."""
+    product_id = value.get("product_id") if isinstance(value, dict) else None
+    if not isinstance(product_id, str) or not product_id.strip() or not _is_valid_text(product_id):
+        return None
+    return product_id
+
+
 def validate_record(record: object, schema: AttributeSchema, config: ValidationConfig) -> Accepted | Rejected:
     """Check one parsed input record against the schema and limits."""
     if not isinstance(record, dict):

@@ -182,6 +182,19 @@ def _cli_error(argv: list[str], capsys, monkeypatch) -> str:
     return captured.err
 
 
+def test_predictions_with_no_gold_id_are_an_error_not_a_zero_score(tmp_path: Path, gold_dir: Path, capsys, monkeypatch):
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    gold = tmp_path / "other-gold.jsonl"  # the same products under other ids (another conversion)
+    rows = [json.loads(line) for line in (gold_dir / "gold.jsonl").read_text().splitlines()]
+    gold.write_text("".join(json.dumps(dict(r, product_id=r["product_id"].replace("tiny-test-", "tiny-test-1"))) + "\n"
+                            for r in rows))
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", str(gold)], capsys, monkeypatch)
+    assert "none of the 5 product ids" in message and "is among the 5 gold ids" in message
+    assert "'ghost-1' vs 'tiny-test-100000'" in message
+    assert not (out / "_evaluation.json").exists()
+
+
 def test_cli_user_errors_are_short(tmp_path: Path, gold_dir: Path, capsys, monkeypatch):
     gold = str(gold_dir / "gold.jsonl")
     assert "pass --predictions URI and --gold FILE" in _cli_error(["evaluate", "--gold", gold], capsys, monkeypatch)

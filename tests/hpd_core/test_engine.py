@@ -72,7 +72,7 @@ def test_single_slot_equals_generate(models, tokenizer, arch):
         request = random_request(rng, 1, 1, 8)
         k_max = 10
         result = make_decoder("hpd", model, tokenizer, DecodeConfig(max_value_tokens=k_max)).decode([request])[0]
-        ids = torch.tensor([build_layout(request, tokenizer, k_max).input_ids])
+        ids = torch.tensor([build_layout(request, tokenizer, k_max, DecodeConfig().skeleton).input_ids])
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k_max, do_sample=False,
                                  min_new_tokens=k_max, eos_token_id=None, pad_token_id=tokenizer.pad_token_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpd_core import masks
+from hpd_core.config import SKELETONS
 from hpd_core.layout import build_layout, check_token_boundary, encode
 from hpd_core.prompts import skeleton_segments
 
@@ -17,11 +19,12 @@ from .conftest import random_request
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31), j=st.integers(1, 16), n=st.integers(1, 6), k_max=st.integers(1, 40))
-def test_layout_positions_leave_k_max_gap_after_each_anchor(tokenizer, seed, j, n, k_max):
+@given(seed=st.integers(0, 2**31), j=st.integers(1, 16), n=st.integers(1, 6), k_max=st.integers(1, 40),
+       skeleton=st.sampled_from(SKELETONS))
+def test_layout_positions_leave_k_max_gap_after_each_anchor(tokenizer, seed, j, n, k_max, skeleton):
     request = random_request(random.Random(seed), j, n)
-    layout = build_layout(request, tokenizer, k_max)
-    assert layout.num_slots == j * n == len(skeleton_segments(request))
+    layout = build_layout(request, tokenizer, k_max, skeleton)
+    assert layout.num_slots == j * n == len(skeleton_segments(request, skeleton))
     pos = layout.position_ids
     anchors = set(layout.anchor_index)
     for i in range(1, len(pos)):
@@ -200,3 +203,17 @@ def test_decoders_refuse_a_tokenizer_that_splits_key_and_value_differently(model
         with pytest.raises(ValueError, match="does not split a key from its value"):
             make_decoder("reference", models["llama"], merged, DecodeConfig(skeleton=skeleton))
     AutoregressiveDecoder(models["llama"], merged, DecodeConfig())
+
+
+def test_interleaved_skeleton_puts_each_products_text_before_its_keys(tokenizer):
+    request = random_request(random.Random(6), 3, 2)
+    text = tokenizer.decode(build_layout(request, tokenizer, 4, "interleaved").input_ids)
+    answer = text[text.index("{\n"):]
+    for j, product in enumerate(request.products):
+        own = answer.index(product.title.replace('"', '\\"')[:8])
+        first_key = answer.index(f'"{request.attributes[0].name}":', own)
+        assert own < first_key  # the product's text, then its keys
+        if j + 1 < len(request.products):
+            assert first_key < answer.index(f'"{j + 2}": {{')  # before the next product opens
+    prompt = text[: text.index("{\n")]
+    assert all(json.dumps(p.title, ensure_ascii=False) not in prompt for p in request.products)  # not in the instructions

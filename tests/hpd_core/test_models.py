@@ -125,7 +125,7 @@ def test_default_carries_the_shipped_adapter_unless_replaced(tmp_path):
     assert resolve_adapter(ModelConfig(adapter=str(tmp_path))) == str(tmp_path)
     assert resolve_adapter(ModelConfig(name="default-base", adapter=str(tmp_path))) == str(tmp_path)
     size = sum(f.stat().st_size for f in DEFAULT_ADAPTER_DIR.iterdir())
-    assert size < 20 * 2**20  # shipped in the repository: LoRA only, kept small
+    assert size < 48 * 2**20  # shipped in the repository: LoRA only (float16), kept small
 
 
 TITLES = [

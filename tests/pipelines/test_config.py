@@ -47,9 +47,10 @@ def test_cpu_actors_share_all_cores_for_torch_threads():
 def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     config = from_args(parse("--output", tmp_path / "out"))
     assert config.prepare.stacking.docs_per_prompt == 4 and config.extract.decode.max_value_tokens == 30
-    assert config.report.price_per_gpu_hour == 3.77 and config.prepare.validation.oversize == "truncate"
+    assert config.report.price("gpu") == 3.77 and config.report.price("cpu") == 0.0425
+    assert config.prepare.validation.oversize == "truncate"
     assert config.extract.decoder == "hpd" and config.extract.model_uri == "default"
-    again = from_args(parse("--output", tmp_path / "out", "--price-per-gpu-hour", 9, "--address", "local"))
+    again = from_args(parse("--output", tmp_path / "out", "--price-per-hour", 9, "--address", "local"))
     assert again.output.run_id == config.output.run_id  # price and address do not change the rows
     other = from_args(parse("--output", tmp_path / "out", "--docs-per-prompt", 2))
     assert other.output.run_id != config.output.run_id
@@ -59,11 +60,14 @@ def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     "argv, message",
     [
         (["--output", SAMPLE.parent], "must not contain one another"),
-        (["--output", "x", "--docs-per-prompt", 0], "docs_per_prompt"),
-        (["--output", "x", "--max-value-tokens", 0], "max_value_tokens"),
-        (["--output", "x", "--limit", 0], "limit"),
-        (["--output", "x", "--max-text-chars", -1], "max_text_chars"),
-        (["--output", "x", "--model", "s3://b/m", "--dtype", "float32", "--max-actors", 0], "max_actors"),
+        (["--output", "x", "--docs-per-prompt", 0], "^--docs-per-prompt must be a positive int, got 0$"),
+        (["--output", "x", "--max-value-tokens", 0], "^--max-value-tokens must be"),
+        (["--output", "x", "--limit", 0], "^--limit must be"),
+        (["--output", "x", "--max-text-chars", -1], "^--max-text-chars must be"),
+        (["--output", "x", "--chunk-rows", 0], "^--chunk-rows must be"),
+        (["--output", "x", "--price-per-hour", -1], "^--price-per-hour must be"),
+        (["--output", "x", "--dry-run-seconds-per-prompt", -1], "^--dry-run-seconds-per-prompt must be"),
+        (["--output", "x", "--model", "s3://b/m", "--dtype", "float32", "--max-actors", 0], "^--max-actors must be"),
         (["--output", "ftp://host/x"], "unsupported URI scheme"),
     ],
 )
@@ -75,7 +79,8 @@ def test_bad_arguments_are_clear_value_errors(argv, message, tmp_path):
 
 def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
     assert run_extract(BASE + ["--output", tmp_path / "out", "--docs-per-prompt", 0]) == 2
-    assert "docs_per_prompt" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--docs-per-prompt must be" in err and "docs_per_prompt" not in err  # the flag, not the field
 
 
 @pytest.mark.parametrize(

@@ -32,3 +32,21 @@ def test_nightly_runs_under_one_prefix_skip_exactly_what_is_done(ray_cluster, tm
     assert run_extract(second["argv"]) == 0
     assert set(read_attributes(second["output"]).column("product_id").to_pylist()) == second["ids"]
     assert report(second["output"])["products_out"] == 8
+
+
+def test_an_unfinished_earlier_output_counts_only_its_committed_chunks(ray_cluster, tmp_path):
+    """An earlier night that never finished (no _report.json; one chunk's commit lost): only the
+    products of its committed chunks are done, so only those are skipped."""
+    records = sample_records()[:20]
+    inputs = tmp_path / "catalog.jsonl"
+    inputs.write_text("".join(json.dumps(r) + "\n" for r in records))
+    night1 = tmp_path / "attributes" / "dt=1"
+    assert run_extract(extract_args(inputs, night1, "--chunk-rows", 5)) == 0
+    (night1 / "_report.json").unlink()
+    lost = sorted((night1 / "_commits").glob("*/000001.json"))[0]
+    lost_ids = set(json.loads(lost.read_text())["owned_ids"])
+    lost.unlink()
+    night2 = tmp_path / "attributes" / "dt=2"
+    assert run_extract(extract_args(inputs, night2, "--skip-existing", tmp_path / "attributes")) == 0
+    assert report(str(night2))["rows_skipped"] == 15
+    assert set(read_attributes(str(night2)).column("product_id").to_pylist()) == lost_ids

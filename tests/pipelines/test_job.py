@@ -134,33 +134,44 @@ def test_report_fields(s3_job):
     result = report(s3_job["output"])
     for field in ("rows_in", "products_out", "rows_rejected", "wall_seconds", "device", "device_seconds",
                   "products_per_second_per_device", "prompt_tokens", "generated_tokens", "forward_passes",
-                  "usd_per_1k_products", "price_per_gpu_hour", "run_id", "decoder", "model", "adapter"):
+                  "usd_per_1k_products", "price_per_hour", "run_id", "decoder", "model", "adapter", "attempts"):
         assert field in result, field
     assert result["device"] == "cpu" and result["cpu_seconds"] == result["device_seconds"] > 0
-    assert result["price_per_gpu_hour"] == 3.77
+    assert result["price_per_hour"] == 0.0425 and result["price_unit"] == "vCPU-hour"  # a CPU run: the CPU price
     assert result["prompts"] > 0 and result["forward_passes"] == result["prompts"]
     assert result["prompt_tokens"] > 0 and result["generated_tokens"] == result["attribute_rows"]
-    cost = result["device_seconds"] / 3600 * 3.77 / result["products_out"] * 1000
+    cost = result["device_seconds"] / 3600 * 0.0425 / result["products_out"] * 1000
     assert result["usd_per_1k_products"] == pytest.approx(cost, rel=1e-3)
     fs, path = io.filesystem(io.join(s3_job["output"], "_report.md"))
     with fs.open_input_stream(path) as stream:
         text = stream.read().decode()
-    assert result["run_id"] in text and "products/s per CPU" in text
+    assert result["run_id"] in text and "products/s per vCPU" in text and "per vCPU-hour" in text
 
 
-def test_rerun_with_same_arguments_does_no_work(s3_job):
+def test_rerun_of_a_finished_job_does_nothing_and_keeps_its_report(s3_job, capsys, monkeypatch):
+    import ray
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished job was run again")
+
+    monkeypatch.setattr(ray, "init", must_not_run)
+    monkeypatch.setattr("pipelines.build.run_job", must_not_run)
     before = {uri: io.read_json(uri)["committed_at"] for uri in commits(s3_job["output"])}
+    report_before = report(s3_job["output"])
+    capsys.readouterr()
     assert run_extract(s3_job["argv"]) == 0
+    assert "already complete" in capsys.readouterr().err
     after = {uri: io.read_json(uri)["committed_at"] for uri in commits(s3_job["output"])}
-    result = report(s3_job["output"])
-    assert after == before and result["this_run"]["chunks"] == 0 and result["resumed"]
-    assert result["products_out"] + result["rows_rejected"] == result["rows_in"] == s3_job["rows_in"]
+    assert after == before and report(s3_job["output"]) == report_before  # not the no-op run's report
+    assert report_before["products_out"] + report_before["rows_rejected"] == report_before["rows_in"] == s3_job["rows_in"]
 
 
 def test_different_arguments_into_the_same_output_are_refused(s3_job, capsys):
     argv = [a if a != "3" else "2" for a in s3_job["argv"]]  # --docs-per-prompt 2
     assert run_extract(argv) == 2
-    assert "holds the output of another run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds another job" in err and "--docs-per-prompt (there: 3; here: 2)" in err and "--overwrite" in err
+    assert "--input" not in err and "--chunk-rows" not in err  # only what differs
 
 
 def test_skip_existing_processes_only_new_products(s3_job, s3_server):

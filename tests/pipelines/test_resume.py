@@ -4,7 +4,9 @@ and chunks committed before the kill are not redone."""
 import signal
 import time
 
-from pipelines import io
+import pytest
+
+from pipelines import attempts, io
 
 from .helpers import (
     WAIT_SECONDS,
@@ -18,7 +20,7 @@ from .helpers import (
     wait_for,
 )
 
-WORKER_TITLES = ("MapBatches(", "_RegistryShard")
+WORKER_TITLES = ("MapBatches(", "map_shard", "map_manifests", "reduce_interval")  # pipeline, id index
 # Ray Data 2.60 reserves cluster resources per execution in a detached coordinator; a killed
 # driver's reservation lingers until it expires (180 s by default), starving the next run. The
 # killed drivers here use a short expiry so the session's later tests are not slowed down.
@@ -55,4 +57,10 @@ def test_driver_killed_at_any_point_resumes_exactly_once(ray_cluster, s3_server)
     assert driver.returncode == 0, log[-3000:]
     result = check_exactly_once(output, records, valid)
     assert result["resumed"] and result["this_run"]["chunks"] < result["chunks"]
+    # the report describes the whole job: the attempts killed after commits count too
+    records = attempts.load_all(output)
+    assert result["attempts"] == len(records) >= 3
+    assert result["wall_seconds"] == pytest.approx(sum(a.wall_seconds for a in records), abs=0.01)
+    assert result["wall_seconds"] > result["this_run"]["wall_seconds"]
+    assert result["usd"] == pytest.approx(sum(a.usd for a in records), abs=1e-6)
     assert all(io.read_json(uri)["committed_at"] == kept[uri] for uri in kept)

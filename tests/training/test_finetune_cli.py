@@ -110,6 +110,9 @@ def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
     assert all(v is not None for v in record["report"]["val_losses"])
     assert record["targets"] == "gold" and record["args"]["docs_per_prompt"] == 2
     assert (out / "adapter_config.json").is_file()
+    assert not (out / "checkpoint").exists()  # removed once the run completed
+    assert main(argv + ["--resume"]) == 2  # nothing to resume
+    assert "no checkpoint" in capsys.readouterr().err
     model, _ = load_model(ModelConfig(name=str(model_dir), adapter=str(out)))
     assert not any("lora" in name for name, _ in model.named_parameters())  # merged on load
 

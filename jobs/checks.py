@@ -1,0 +1,112 @@
+"""Every check of `hpd extract` that can be made before Ray starts, and before anything is written.
+
+- the input: exists, holds data files; whether it holds any row at all (an empty input is a job of
+  0 products, finished without Ray and without a model);
+- the model and adapter: an embedded model, a local path that exists, an ``s3://`` prefix that
+  exists, or a hub id already in the local Hugging Face cache (nothing is downloaded at run time,
+  so a mistyped name fails here in one line, not in the actors);
+- the output: empty, or the same job (a resume, or a finished job: nothing to do), or, with
+  ``--overwrite``, any earlier job; a different job is refused with the arguments that differ.
+
+User errors raise ValueError / OSError, which ``hpd`` prints as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.config import JobConfig, flag_for
+from pipelines import commit, io, reader
+from pipelines.dryrun import DRY_RUN
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: what the run has to do."""
+
+    shards: tuple[reader.Shard, ...]
+    empty: bool  # the input holds no row
+    existing_run: str | None  # run id of the job already in the output
+    complete: bool  # the same job is already finished (its report exists): nothing to do
+
+
+def hub_cache() -> Path:
+    from huggingface_hub import constants  # light: no torch, no transformers
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    snapshots = hub_cache() / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def _looks_local(name: str) -> bool:
+    return os.path.exists(name) or os.path.isabs(name) or name.startswith((".", "~")) or name.endswith(".gguf")
+
+
+def check_model(model_uri: str, adapter_uri: str | None) -> None:
+    """Fail on a model or adapter that the actors could not load (see the module doc)."""
+    from hpd_core.config import DEFAULT_MODEL, ModelConfig
+    from hpd_core.models import EMBEDDED, check_paths
+
+    for flag, uri in (("--model", model_uri), ("--adapter", adapter_uri)):
+        if uri and uri.startswith("s3://") and not io.list_files(uri) and not io.exists(uri):
+            raise ValueError(f"{flag} {uri}: nothing there (an S3 prefix holding the files, or one object)")
+    local = [None if uri is None or uri.startswith("s3://") else uri for uri in (model_uri, adapter_uri)]
+    check_paths(ModelConfig(name=local[0] or DEFAULT_MODEL, adapter=local[1]))  # local paths exist?
+    for flag, name in (("--model", local[0]), ("--adapter", local[1])):
+        if name is None or name in EMBEDDED or _looks_local(name) or in_hub_cache(name):
+            continue
+        embedded = ", ".join(EMBEDDED) if flag == "--model" else "none"
+        raise ValueError(
+            f"{flag} {name!r} is not an embedded model ({embedded}), not a local path, and not in the local "
+            f"Hugging Face cache ({hub_cache()}); nothing is downloaded at run time: check the name, or give a "
+            "local directory, a .gguf file or an s3:// prefix"
+        )
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "not given"
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def conflict_message(output: str, existing: dict, arguments: dict, args: argparse.Namespace) -> str:
+    """Which arguments differ between the job in ``output`` and this one, by flag."""
+    parts = []
+    for key, old, new in commit.differences(existing.get("arguments") or {}, arguments):
+        name = flag_for(key.rsplit(".", 1)[-1], args) or key
+        if key == "attributes":
+            parts.append("--attributes (the schema's content)")
+        else:
+            parts.append(f"{name} (there: {_show(old)}; here: {_show(new)})")
+    differing = "; ".join(parts) or "the arguments of an older version of hpd extract"
+    return (f"--output {output} holds another job (run {existing.get('run_id')}); it differs in {differing}. "
+            "Use the same arguments to resume it, a new --output, or --overwrite to delete it and start over")
+
+
+def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
+    """Run every check; write nothing. ``args.overwrite`` allows replacing an earlier job."""
+    shards = tuple(reader.plan_shards(config.prepare.read))  # the input exists and holds data files
+    if config.extract.decoder != DRY_RUN:
+        check_model(config.extract.model_uri, config.extract.adapter_uri)
+    output = config.output.uri
+    if output.startswith("s3://") and not io.exists("s3://" + output[len("s3://"):].split("/", 1)[0]):
+        raise ValueError(f"--output {output}: the bucket does not exist (or these credentials cannot see it)")
+    existing, has_files = commit.existing_job(output)
+    if has_files and existing is None:
+        raise ValueError(f"--output {output} holds files that are not an hpd extract output; give a new or empty folder")
+    same = existing is not None and existing.get("run_id") == config.output.run_id
+    if existing is not None and not same and not args.overwrite:
+        raise ValueError(conflict_message(output, existing, config.arguments, args))
+    empty = not reader.has_rows(list(shards), config.prepare.read)
+    complete = False
+    if same and not args.overwrite and io.exists(io.join(output, "_report.json")):
+        state = commit.scan(output)
+        complete = empty or all(state.complete(shard.shard_id) for shard in shards)
+    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete)

@@ -1,0 +1,104 @@
+"""Quiet by default, everything with --verbose.
+
+By default `hpd extract` shows its own progress line, warnings and the final summary, and not:
+Ray's INFO logs (the token-auth notice, "Started a local Ray instance"), Ray Data's progress blocks
+and execution logs, the output of worker processes (model-loading bars, library warnings such as
+transformers' FutureWarnings or bitsandbytes' "pip install kernels"), nor known harmless lines that
+Ray's C++ core writes straight to the driver's standard error (the ``max_restarts > 0`` notice
+Ray Data's restartable actors trigger). Those still go to Ray's log files
+(``/tmp/ray/session_latest/logs``). Errors are never hidden: they reach the driver as exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+
+# lines of Ray's C++ core (written to fd 2, not through Python) that are harmless for this job
+NOISE = (re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store "
+                    rb"and max_restarts > 0"),)
+
+
+def configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(logging.INFO if verbose else logging.WARNING)  # also on a second run in one process
+    if verbose:  # undo an earlier quiet run in the same process
+        logging.getLogger("ray").setLevel(logging.NOTSET)
+        logging.getLogger("ray.data").setLevel(logging.INFO)
+    else:
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        # Ray Data logs a failed task's whole traceback, per attempt: the error reaches the driver
+        # as an exception anyway, and hpd prints its cause in one line
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+
+
+def ray_init_options(verbose: bool) -> dict:
+    return {} if verbose else {"logging_level": logging.ERROR, "log_to_driver": False}
+
+
+def quiet_ray_data(verbose: bool) -> None:
+    """Ray Data's progress bars / progress log blocks off (after ray is imported)."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = verbose
+    if hasattr(context, "enable_operator_progress_bars"):
+        context.enable_operator_progress_bars = verbose
+    logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.CRITICAL)
+
+
+class StderrFilter:
+    """Drop ``NOISE`` lines written to file descriptor 2 while active (a context manager).
+
+    fd 2 is pointed at a pipe; a thread copies what arrives to the real stderr, line by line, leaving
+    out the noise. A partial line (a progress line rewritten in place) is passed on at once unless
+    it may be the start of a C++ log line (they start with ``[``). Use it after ``ray.init`` so that
+    the processes Ray starts keep the real stderr.
+    """
+
+    def __init__(self, active: bool = True) -> None:
+        self.active = active
+
+    def __enter__(self) -> StderrFilter:
+        if not self.active:
+            return self
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        os.close(write)
+        self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+        self._thread.start()
+        return self
+
+    def _emit(self, data: bytes) -> None:
+        try:
+            os.write(self._saved, data)
+        except OSError:  # stderr gone (a closed pipe): keep draining, so that writers never block
+            pass
+
+    def _pump(self, read: int) -> None:
+        pending = b""
+        while data := os.read(read, 1 << 16):
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if not any(pattern.search(line) for pattern in NOISE):
+                    self._emit(line + b"\n")
+            if pending and not pending.startswith(b"["):
+                self._emit(pending)
+                pending = b""
+        if pending:
+            self._emit(pending)
+        os.close(read)
+
+    def __exit__(self, *exc) -> None:
+        if not self.active:
+            return
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)  # closes the pipe's write end: the thread sees the end and stops
+        self._thread.join(timeout=5)
+        os.close(self._saved)

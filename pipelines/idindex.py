@@ -1,0 +1,237 @@
+"""The id index: every row's dedup / skip-existing verdict, decided once per output, in bounded memory.
+
+Before the pipeline starts, the job decides for every input row whether an earlier row owns its
+product id (a duplicate) or an earlier output already holds it (--skip-existing); the rule is in
+pipelines/dedup.py. It takes one map and one reduce step over hash partitions of the ids
+(pipelines/idruns.py), in Ray tasks (pipelines/idtasks.py), with every file under the output:
+
+```
+shards ──map_shard, a task per shard──▶ runs of (id, hash, shard, row, valid) by fine partition    _dedup/<build>/map/
+earlier outputs: unfinished ones' manifests ──map_manifests──▶ runs of ids by fine partition          _dedup/<build>/map/
+runs + finished earlier outputs' id files (slotted alike) ──reduce_interval, a task per hash interval──▶
+        verdicts of the rows that have one (duplicates, skipped), grouped by shard                 _dedup/<build>/verdicts/
+        the ids this output holds, by fine partition, for later --skip-existing runs                _dedup/<build>/ids/
+_dedup/_index.json (written last): per shard its rows and the byte ranges of its verdicts; the id files:
+        fine partitions [lo, hi) with their counts and byte offsets
+```
+
+The driver adds up the map tasks' ids per fine partition and cuts the hash space into intervals of
+at most ``ids_per_partition`` ids (input and earlier outputs together). The prepare stage then reads
+only its own shard's verdicts (normally none).
+
+Why memory is bounded. A map task holds about ``ids_per_partition`` id rows at most (it writes a run
+and starts the next); a reduce task one interval's ids, from this input and earlier outputs (at most
+``ids_per_partition``: every source is read by byte range, exactly the interval); a prepare task one
+verdict byte per row of its shard. The driver holds counts and byte offsets (64 KB per run or id
+file, one per ``ids_per_partition`` ids), never ids. A bigger catalog means more runs, intervals and
+tasks, not bigger ones (up to ``FINE_PARTITIONS`` x ``ids_per_partition`` ids, 4 billion at the
+default; past that, a single fine partition holds more than ``ids_per_partition``).
+
+Resume. ``_index.json`` is written after every file it names and before any chunk is processed. A
+resumed run reads it and no ids; an index that was not finished is built again (no chunk can have
+been committed), into a new ``<build>`` directory so that a killed attempt's late writes cannot mix in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow.fs as pafs
+import ray
+
+from pipelines import commit, dedup, io, reader
+from pipelines.idruns import FINE_BITS, FINE_PARTITIONS, read_slots
+from pipelines.idtasks import MAP_MANIFESTS, MAP_SHARD, REDUCE_INTERVAL, Run, id_run, ranges
+
+if TYPE_CHECKING:  # prepare imports this module
+    from pipelines.prepare import PrepareConfig
+
+log = logging.getLogger("hpd.extract")
+
+INDEX_DIR = "_dedup"
+MARKER = "_index.json"
+MANIFESTS_PER_TASK = 256
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """ids_per_partition: the most product ids one index task holds (a map run, a reduce interval).
+    cpus: CPUs each index task reserves (they are CPU-bound: parse and validate every row)."""
+
+    ids_per_partition: int = 1_000_000
+    cpus: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ids_per_partition, int) or self.ids_per_partition < 1:
+            raise ValueError(f"ids_per_partition must be a positive int, got {self.ids_per_partition!r}")
+        if self.cpus <= 0:
+            raise ValueError(f"index cpus must be > 0, got {self.cpus}")
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """What the prepare stage needs of the index for one shard."""
+
+    rows: int  # rows the shard had when the index was built
+    verdicts: tuple[tuple[str, int, int], ...]  # (slotted file, start, end): this shard's verdict rows
+
+
+@dataclass(frozen=True)
+class EarlierIds:
+    """Where the product ids of earlier outputs are (--skip-existing)."""
+
+    outputs: tuple[str, ...] = ()
+    id_runs: tuple[Run, ...] = ()  # finished outputs with an index: their id files
+    manifests: tuple[str, ...] = ()  # the others (unfinished, or from older versions): committed manifests
+
+
+def output_roots(prefix: str) -> list[str]:
+    """Outputs under ``prefix`` (itself included): directories that hold a ``_job.json``. Listed one
+    level at a time, never inside an output, so the cost does not grow with what the outputs hold."""
+    fs, path = io.filesystem(prefix)
+    roots, pending = [], [path]
+    while pending:
+        directory = pending.pop()
+        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        if any(info.base_name == "_job.json" for info in infos):
+            roots.append(io.to_uri(fs, directory))
+            continue
+        pending += [i.path for i in infos if i.type == pafs.FileType.Directory and not i.base_name.startswith(("_", "."))]
+    return sorted(roots)
+
+
+def find_earlier(prefix: str, exclude: str) -> EarlierIds:
+    """The outputs under ``prefix`` except ``exclude`` (this run's own, which resume covers) and
+    where their ids are: a finished output's index, or the committed manifests of any other."""
+    own = exclude.rstrip("/")
+    outputs, id_runs, manifests = [], [], []
+    for root in output_roots(prefix):
+        if root == own or root.startswith(own + "/"):
+            continue
+        outputs.append(root)
+        marker = io.join(root, INDEX_DIR, MARKER)
+        index = io.read_json(marker) if io.exists(io.join(root, "_report.json")) and io.exists(marker) else {}
+        if index.get("fine_bits") == FINE_BITS:
+            build = io.join(root, INDEX_DIR, index["build"])
+            id_runs += [id_run(io.join(build, f["uri"]), f["lo"], f["hi"], f["counts"], f["offsets"]) for f in index["ids"]]
+        else:
+            manifests += commit.scan(root).manifests
+    if outputs:
+        log.info("--skip-existing: %d earlier outputs under %s (%d id files, %d manifests)", len(outputs), prefix,
+                 len(id_runs), len(manifests))
+    else:  # e.g. the first nightly run: nothing done yet
+        log.warning("--skip-existing %s: no earlier output there; nothing to skip", prefix)
+    return EarlierIds(tuple(outputs), tuple(id_runs), tuple(manifests))
+
+
+def cut(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Consecutive fine partitions [lo, hi) covering them all, each with at most ``limit`` ids (or one
+    fine partition)."""
+    intervals, lo, total = [], 0, 0
+    for fine, count in enumerate(counts.tolist()):
+        if total and total + count > limit:
+            intervals.append((lo, fine))
+            lo, total = fine, 0
+        total += count
+    intervals.append((lo, len(counts)))
+    return intervals
+
+
+def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> list[ShardIndex] | None:
+    """The output's finished index for these shards; None if there is none yet."""
+    directory = io.join(output_uri, INDEX_DIR)
+    if not io.exists(io.join(directory, MARKER)):
+        if committed:
+            raise ValueError(f"{output_uri} has committed chunks but no id index ({INDEX_DIR}/{MARKER}): it was "
+                             "written by an older version of hpd extract; use a new --output")
+        return None
+    index = io.read_json(io.join(directory, MARKER))
+    if [s["shard_id"] for s in index["shards"]] != [s.shard_id for s in shards]:
+        raise ValueError(f"the input of {output_uri} changed since this run started (its files or sizes differ); "
+                         "use a new --output")
+    build = io.join(directory, index["build"])
+    return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]))
+            for s in index["shards"]]
+
+
+def build_index(
+    shards: list[reader.Shard], prepare: PrepareConfig, output_uri: str, skip_existing: str | None, config: IndexConfig
+) -> list[ShardIndex]:
+    """Map, cut, reduce; write ``_index.json``; return what each shard needs."""
+    started, name = time.time(), uuid.uuid4().hex[:12]
+    build = io.join(output_uri, INDEX_DIR, name)
+    earlier = find_earlier(skip_existing, output_uri) if skip_existing else EarlierIds()
+    task = {"num_cpus": config.cpus, "retry_exceptions": True}  # e.g. S3 errors; the tasks' writes are idempotent
+    limit = config.ids_per_partition
+    mapped = ray.get([MAP_SHARD.options(**task).remote(shard, ordinal, prepare, build, limit)
+                      for ordinal, shard in enumerate(shards)])
+    groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
+    mapped_earlier = [run for runs in ray.get([MAP_MANIFESTS.options(**task).remote(i, group, build, limit)
+                                               for i, group in enumerate(groups)]) for run in runs]
+    runs = [run for shard in mapped for run in shard["runs"]]
+    earlier_runs = mapped_earlier + list(earlier.id_runs)
+    log.info("id index: %d shards mapped into %d runs; %d runs of earlier outputs (%.1f s)", len(shards), len(runs),
+             len(earlier_runs), time.time() - started)
+
+    counts = sum((run.counts for run in runs + earlier_runs), np.zeros(FINE_PARTITIONS, np.int64))
+    intervals = cut(counts, limit)
+    reduced = ray.get([REDUCE_INTERVAL.options(**task).remote(
+        number, lo, hi, ranges(runs, lo, hi), ranges(earlier_runs, lo, hi), len(shards), build)
+        for number, (lo, hi) in enumerate(intervals)])
+
+    verdicts = [[] for _ in shards]
+    for result in reduced:
+        for shard, start, end in result["slots"]:
+            verdicts[shard].append((result["verdicts"], int(start), int(end)))
+    index = {
+        "build": name,
+        "shards": [{"shard_id": s.shard_id, "rows": m["rows"], "verdicts": v} for s, m, v in zip(shards, mapped, verdicts)],
+        "ids": [r["ids"] for r in reduced if r["ids"]],  # their slots [lo, hi): counts and byte offsets
+        "fine_bits": FINE_BITS,
+        "ids_per_partition": limit,
+        "earlier_outputs": list(earlier.outputs),
+        "duplicates": sum(r["duplicates"] for r in reduced),
+        "existing": sum(r["existing"] for r in reduced),
+        "seconds": round(time.time() - started, 3),
+    }
+    io.write_json(io.join(output_uri, INDEX_DIR, MARKER), index)
+    for run in runs + mapped_earlier:
+        io.delete_if_exists(run.uri)
+    log.info("id index: %d intervals, %d duplicates, %d rows already in earlier outputs (%.1f s)", len(intervals),
+             index["duplicates"], index["existing"], index["seconds"])
+    return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]))
+            for s in index["shards"]]
+
+
+def ensure_index(
+    shards: list[reader.Shard], prepare: PrepareConfig, output_uri: str, skip_existing: str | None,
+    config: IndexConfig, committed: bool,
+) -> list[ShardIndex]:
+    """The finished index of this output (resume), or a new one."""
+    index = load_index(output_uri, shards, committed)
+    return index if index is not None else build_index(shards, prepare, output_uri, skip_existing, config)
+
+
+def shard_verdicts(index: ShardIndex) -> np.ndarray:
+    """One verdict per row of the shard (dedup.Verdict values), from its byte ranges of the verdict files."""
+    status = np.zeros(index.rows, dtype=np.int8)
+    for uri, start, end in index.verdicts:
+        table = read_slots(uri, start, end, dedup.VERDICTS_SCHEMA)
+        status[table["row"].to_numpy()] = table["verdict"].to_numpy()
+    return status
+
+
+def to_json(index: ShardIndex) -> str:
+    """A shard's index as text, to travel with its shard through Ray Data."""
+    return json.dumps({"rows": index.rows, "verdicts": index.verdicts})
+
+
+def from_json(text: str) -> ShardIndex:
+    data = json.loads(text)
+    return ShardIndex(data["rows"], tuple(tuple(v) for v in data["verdicts"]))

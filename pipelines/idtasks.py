@@ -1,0 +1,131 @@
+"""The id index's Ray tasks (pipelines/idindex.py plans them): map a shard, map earlier manifests, reduce an interval.
+
+Each task reads and writes whole files under the index's build directory, holds about ``limit`` id
+rows at most (a map task: ``limit`` plus one chunk; a reduce task: its interval's), and returns only
+small metadata: row counts and byte offsets per fine partition, or per shard. A retried task writes
+the same rows to the same files again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from pipelines import dedup, io, reader
+from pipelines.idruns import FINE_PARTITIONS, fine_partitions, id_hash, read_slots, write_slotted
+
+if TYPE_CHECKING:  # prepare imports idindex, which imports this module
+    from pipelines.prepare import PrepareConfig
+
+
+@dataclass(frozen=True)
+class Run:
+    """A slotted file of ids, one slot per fine partition: a map task's run, or an output's id file."""
+
+    uri: str
+    counts: np.ndarray  # ids per fine partition
+    offsets: np.ndarray  # byte offset of each fine partition's slot, and the end
+
+
+class _RunWriter:
+    """Collects id tables (a chunk's each) and writes a run as soon as it holds ``limit`` rows or more."""
+
+    def __init__(self, prefix: str, limit: int) -> None:
+        self.prefix, self.limit, self.pending, self.rows, self.runs = prefix, limit, [], 0, []
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.rows += table.num_rows
+        if self.rows >= self.limit:
+            self.flush()
+
+    def flush(self) -> list[Run]:
+        if self.rows:
+            table = pa.concat_tables(self.pending)
+            uri = f"{self.prefix}-{len(self.runs):04d}.arrow"
+            counts, offsets = write_slotted(uri, table, fine_partitions(table["hash"]), FINE_PARTITIONS)
+            self.runs.append(Run(uri, np.array(counts, np.int64), np.array(offsets, np.int64)))
+        self.pending, self.rows = [], 0
+        return self.runs
+
+
+def _release() -> None:
+    """Hand the task's freed Arrow memory back to the system: the worker process lives on (idle, or
+    running pipeline tasks) and would otherwise keep its peak."""
+    pa.default_memory_pool().release_unused()
+
+
+def map_shard(shard: reader.Shard, ordinal: int, prepare: PrepareConfig, build: str, limit: int) -> dict:
+    """Map step of one shard: read it as the prepare stage will, write its id rows as runs."""
+    writer, rows = _RunWriter(io.join(build, "map", f"{ordinal:06d}"), limit), 0
+    for _, records in reader.iter_chunks(shard, prepare.read):
+        rows += len(records)
+        writer.add(dedup.id_rows(ordinal, records, prepare.schema, prepare.validation))
+    runs = writer.flush()
+    _release()
+    return {"rows": rows, "runs": runs}
+
+
+def map_manifests(number: int, manifests: list[str], build: str, limit: int) -> list[Run]:
+    """Map step of an earlier output without an index: the ids of its committed chunks (owned and rejected)."""
+    writer = _RunWriter(io.join(build, "map", f"earlier-{number:06d}"), limit)
+    for uri in manifests:
+        manifest = io.read_json(uri)
+        ids = manifest["owned_ids"] + manifest["rejected_ids"]
+        writer.add(pa.table([ids, pa.array([id_hash(i) for i in ids], pa.uint64())], schema=dedup.DONE_IDS_SCHEMA))
+    runs = writer.flush()
+    _release()
+    return runs
+
+
+def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, shards: int, build: str) -> dict:
+    """Reduce step of fine partitions [lo, hi): decide their rows; write the verdicts (slotted by shard)
+    and the ids this output holds (slotted by fine partition). ``inputs``: byte ranges of input runs,
+    ``earlier``: of earlier outputs' ids, as (uri, start, end)."""
+    rows = _concat([read_slots(*part, dedup.ID_ROWS_SCHEMA) for part in inputs], dedup.ID_ROWS_SCHEMA)
+    existing = [read_slots(*part, dedup.DONE_IDS_SCHEMA)["product_id"] for part in earlier]
+    existing = pa.chunked_array([chunk for column in existing for chunk in column.chunks], pa.string())
+    verdicts, done = dedup.decide(rows, existing)
+    duplicates = int((verdicts["verdict"].to_numpy() == dedup.Verdict.DUPLICATE).sum())
+    result = {"verdicts": None, "slots": [], "ids": None, "duplicates": duplicates,
+              "existing": verdicts.num_rows - duplicates}
+    if verdicts.num_rows:
+        result["verdicts"] = f"verdicts/{number:06d}.arrow"
+        counts, offsets = write_slotted(io.join(build, result["verdicts"]), verdicts,
+                                        verdicts["shard"].to_numpy(), shards)
+        result["slots"] = [(s, offsets[s], offsets[s + 1]) for s in range(shards) if counts[s]]
+    if done.num_rows:
+        uri = f"ids/{number:06d}.arrow"
+        counts, offsets = write_slotted(io.join(build, uri), done, fine_partitions(done["hash"]), FINE_PARTITIONS)
+        result["ids"] = {"uri": uri, "lo": lo, "hi": hi, "counts": counts[lo:hi], "offsets": offsets[lo : hi + 1]}
+    del rows, existing, verdicts, done
+    _release()
+    return result
+
+
+def id_run(uri: str, lo: int, hi: int, counts: list[int], offsets: list[int]) -> Run:
+    """An output's id file as a run: its slots [lo, hi) (the others are empty)."""
+    full_counts = np.zeros(FINE_PARTITIONS, np.int64)
+    full_counts[lo:hi] = counts
+    full_offsets = np.full(FINE_PARTITIONS + 1, offsets[-1], np.int64)
+    full_offsets[: lo + 1] = offsets[0]
+    full_offsets[lo : hi + 1] = offsets
+    return Run(uri, full_counts, full_offsets)
+
+
+def ranges(runs: list[Run], lo: int, hi: int) -> list[tuple[str, int, int]]:
+    """(uri, start, end) of fine partitions [lo, hi) in each run that has ids there."""
+    return [(run.uri, int(run.offsets[lo]), int(run.offsets[hi])) for run in runs if run.offsets[hi] > run.offsets[lo]]
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+MAP_SHARD = ray.remote(map_shard)
+MAP_MANIFESTS = ray.remote(map_manifests)
+REDUCE_INTERVAL = ray.remote(reduce_interval)

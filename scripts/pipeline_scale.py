@@ -1,0 +1,176 @@
+"""Catalog-scale benchmark of the pipeline alone: `hpd extract --decoder dry-run` on generated records.
+
+    python scripts/pipeline_scale.py --rows 100000 1000000 10000000 --out benchmarks/pipeline-scale
+
+For each size it writes titles-only records (10 categories) with planted duplicates (the last row
+repeats the id of row 0, millions of rows after it when the size is in the millions; two more in
+between), runs a fresh `hpd extract` with its own local Ray, and samples the peak memory of the
+whole process tree: the sum of proportional set sizes (PSS: shared pages counted once) of the driver
+and every process it started. It checks that every row is accounted for and that exactly the later
+occurrences were rejected as duplicates, then writes ``scale.json`` and ``scale.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+CATEGORIES = {f"Category {i}": ["Brand", "Color", "Size"] for i in range(10)}
+SAMPLE_SECONDS = 1.0
+
+
+def planted_duplicates(rows: int) -> dict[int, int]:
+    """later row -> the earlier row whose product id it repeats."""
+    if rows < 10:
+        return {}
+    return {rows - 1: 0, rows // 2: 1, rows - 2: rows // 3}
+
+
+def product_id(row: int) -> str:
+    return f"p{row:010d}"
+
+
+def write_records(path: Path, rows: int) -> None:
+    duplicates = planted_duplicates(rows)
+    with open(path, "w") as out:
+        for start in range(0, rows, 100_000):
+            lines = []
+            for row in range(start, min(start + 100_000, rows)):
+                first = duplicates.get(row)
+                record = {
+                    "product_id": product_id(row if first is None else first),
+                    "category": f"Category {row % 10}",
+                    "title": f"duplicate at row {row}" if first is not None else f"Product {row} red cotton shirt size M",
+                }
+                lines.append(json.dumps(record))
+            out.write("\n".join(lines) + "\n")
+
+
+def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float]) -> int:
+    """The summed PSS of the process tree now; updates each process's CPU time seen so far."""
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_full_info().pss
+            times = process.cpu_times()
+            cpu_seconds[process.pid] = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return total
+
+
+def machine() -> dict:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return {"cpu": model, "cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def run_one(work: Path, rows: int, extra: list[str]) -> dict:
+    source = work / f"records-{rows}.jsonl"
+    if not source.exists():
+        write_records(source, rows)
+    attributes = work / "attributes.json"
+    attributes.write_text(json.dumps(CATEGORIES))
+    output = work / f"out-{rows}"
+    subprocess.run(["rm", "-rf", str(output)], check=True)
+    command = [sys.executable, "-m", "jobs.cli", "extract", "--input", str(source), "--attributes", str(attributes),
+               "--output", str(output), "--decoder", "dry-run", "--address", "local", *extra]
+    log = open(work / f"log-{rows}.txt", "wb")
+    started = time.time()
+    driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    root, peak, samples, cpu_seconds = psutil.Process(driver.pid), 0, 0, {}
+    while driver.poll() is None:
+        peak = max(peak, sample_tree(root, cpu_seconds))
+        samples += 1
+        time.sleep(SAMPLE_SECONDS)
+    wall = time.time() - started
+    cpu = sum(cpu_seconds.values())  # up to the last sample of each process
+    if driver.returncode != 0:
+        raise RuntimeError(f"hpd extract failed ({driver.returncode}); see {log.name}")
+    report = json.loads((output / "_report.json").read_text())
+    return {"rows": rows, "wall_seconds": round(wall, 1), "job_wall_seconds": report["wall_seconds"],
+            "products_out": report["products_out"], "products_per_second": round(report["products_out"] / wall, 1),
+            "cpu_seconds": round(cpu, 1), "products_per_cpu_second": round(report["products_out"] / cpu, 1),
+            "load_average_1min": round(os.getloadavg()[0], 1),
+            "peak_pss_mib": round(peak / 2**20), "pss_samples": samples, "rejected_by_stage": report["rejected_by_stage"],
+            "duplicates_checked": check_duplicates(output, rows, report)}
+
+
+def check_duplicates(output: Path, rows: int, report: dict) -> int:
+    """Every row accounted for; exactly the planted later occurrences rejected as duplicates."""
+    import pyarrow.parquet as pq
+
+    duplicates = planted_duplicates(rows)
+    if report["rows_in"] != rows or report["products_out"] + report["rows_rejected"] != rows:
+        raise RuntimeError(f"rows do not add up: {report}")
+    rejected = [row for path in sorted((output / "rejected").glob("*.parquet")) for row in pq.read_table(path).to_pylist()]
+    titles = sorted(json.loads(row["record"])["title"] for row in rejected)
+    expected = sorted(f"duplicate at row {row}" for row in duplicates)
+    if titles != expected or any(row["reason"] != "duplicate product_id" for row in rejected):
+        raise RuntimeError(f"duplicates: expected {expected} rejected, got {[(r['record'], r['reason']) for r in rejected]}")
+    return len(duplicates)
+
+
+def render(result: dict) -> str:
+    lines = [
+        "# Pipeline at catalog scale (dry-run decoder)",
+        "",
+        f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
+        f"{result['machine']['memory_gib']} GiB; {result['note']}",
+        "",
+        "| rows | wall (s) | products/s | CPU-seconds (process tree) | products per CPU-second "
+        "| peak PSS of the process tree (MiB) | duplicates rejected as planted | load average at the end |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in result["runs"]:
+        lines.append(f"| {run['rows']:,} | {run['wall_seconds']} | {run['products_per_second']:,.0f} "
+                     f"| {run['cpu_seconds']:,.0f} | {run['products_per_cpu_second']:,.0f} | {run['peak_pss_mib']:,} "
+                     f"| {run['duplicates_checked']} | {run['load_average_1min']} |")
+    lines += [
+        "",
+        "Products/s is products out over the wall time of the whole command (Ray start-up included). The",
+        "CPU-seconds are those of the driver and every process it started (sampled every second), so",
+        "products per CPU-second does not depend on what else ran on the machine; two dedicated cores",
+        "give at most twice that per second.",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
+    parser.add_argument("--out", type=Path, required=True, help="where scale.json and scale.md go")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hpd-pipeline-scale",
+                        help="inputs and outputs (about 1.5 GB at 10M rows; inputs are kept and reused)")
+    parser.add_argument("--note", default="", help="a line about the machine or the run, for scale.md")
+    parser.add_argument("extra", nargs="*", help="more `hpd extract` arguments (after --)")
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for rows in args.rows:
+        runs.append(run_one(args.work, rows, args.extra))
+        print(json.dumps(runs[-1]), flush=True)
+    result = {"machine": machine(), "note": args.note, "runs": runs,
+              "command": " ".join(["python scripts/pipeline_scale.py", *(argv if argv is not None else sys.argv[1:])])}
+    (args.out / "scale.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "scale.md").write_text(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

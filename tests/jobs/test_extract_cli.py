@@ -1,0 +1,273 @@
+"""`hpd extract` as a new user meets it: checks before Ray starts and before anything is written,
+--overwrite, a failed run that leaves nothing behind, per-prompt failures, Ctrl-C, the quickstart
+twice, quiet output by default and Ray's with --verbose."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs import checks, extract
+from jobs.quiet import StderrFilter
+from pipelines import io
+from tests.pipelines.helpers import (
+    REPO,
+    SAMPLE,
+    SAMPLE_ATTRIBUTES,
+    WAIT_SECONDS,
+    commits,
+    extract_args,
+    jsonl,
+    read_attributes,
+    read_rejected,
+    report,
+    run_extract,
+    sample_records,
+    start_extract,
+    wait_for,
+)
+
+CLI = [sys.executable, "-m", "jobs.cli", "extract"]
+
+
+def must_not_run(*args, **kwargs):
+    raise AssertionError("the job started")
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if Ray is started or the job is run."""
+    import ray
+
+    import pipelines.build
+
+    monkeypatch.setattr(ray, "init", must_not_run)
+    monkeypatch.setattr(pipelines.build, "run_job", must_not_run)
+
+
+def error_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------ checks before Ray starts
+
+
+def test_missing_input_fails_within_seconds_and_writes_nothing(tmp_path):
+    output = tmp_path / "out"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([*CLI, "--input", tmp_path / "nope.jsonl", "--attributes", SAMPLE_ATTRIBUTES, "--output", output],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the command (about its wall time on an idle machine; unlike wall time, not
+    # stretched by other work on a shared test machine): ~2 s, since no Ray is started
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 10
+    assert done.returncode == 2 and not output.exists()
+    assert done.stderr.strip().splitlines() == [
+        f"hpd extract: error: --input {tmp_path / 'nope.jsonl'} does not exist (HPD_TRACEBACK=1 shows the traceback)"]
+
+
+def test_missing_s3_input_fails_before_ray_and_writes_nothing(s3_server, no_ray, capsys):
+    bucket = s3_server.make_bucket("missing")
+    argv = extract_args(f"s3://{bucket}/records/", f"s3://{bucket}/out")
+    assert run_extract(argv) == 2
+    assert f"--input s3://{bucket}/records does not exist" in capsys.readouterr().err
+    assert io.list_files(f"s3://{bucket}") == []
+
+
+def test_a_missing_output_bucket_fails_before_ray(s3_server, no_ray, capsys):
+    assert run_extract(extract_args(SAMPLE, "s3://no-such-bucket-hpd-test/out")) == 2
+    assert "--output s3://no-such-bucket-hpd-test/out: the bucket does not exist" in capsys.readouterr().err
+
+
+def test_empty_input_is_a_finished_job_of_zero_products_without_ray_or_a_model(tmp_path, no_ray, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    output = tmp_path / "out"
+    argv = ["--input", empty, "--attributes", SAMPLE_ATTRIBUTES, "--output", output]  # the real default model
+    assert run_extract(argv) == 0
+    result = report(str(output))
+    assert result["rows_in"] == result["products_out"] == 0 and result["usd_per_1k_products"] is None
+    out = capsys.readouterr().out
+    assert "0 rows in, 0 products out" in out and "rejected rows:    none" in out
+    assert "$None" not in (output / "_report.md").read_text()
+    assert run_extract(argv) == 0 and "already complete" in capsys.readouterr().err
+
+
+def test_unknown_model_fails_in_one_line_before_ray(tmp_path, no_ray, capsys):
+    argv = ["--input", SAMPLE, "--attributes", SAMPLE_ATTRIBUTES, "--output", tmp_path / "out", "--model", "smolm2"]
+    assert run_extract(argv) == 2
+    (line,) = error_lines(capsys)
+    assert "--model 'smolm2' is not an embedded model (default, default-base" in line and "Hugging Face cache" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_id_is_accepted_when_it_is_in_the_local_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(checks, "hub_cache", lambda: tmp_path)
+    (tmp_path / "models--org--tiny" / "snapshots" / "0123").mkdir(parents=True)
+    checks.check_model("org/tiny", None)
+    with pytest.raises(ValueError, match="--model 'org/other' is not an embedded model"):
+        checks.check_model("org/other", None)
+    with pytest.raises(ValueError, match="--adapter 'org/adapter' is not an embedded model"):
+        checks.check_model("org/tiny", "org/adapter")
+
+
+def test_a_missing_s3_model_fails_before_ray(s3_server, tmp_path, no_ray, capsys):
+    bucket = s3_server.make_bucket("model")
+    argv = ["--input", SAMPLE, "--attributes", SAMPLE_ATTRIBUTES, "--output", tmp_path / "out",
+            "--model", f"s3://{bucket}/models/none/"]
+    assert run_extract(argv) == 2
+    assert f"--model s3://{bucket}/models/none/: nothing there" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_an_hpd_output_is_refused_and_left_alone(tmp_path, no_ray, capsys):
+    output = tmp_path / "mine"
+    output.mkdir()
+    (output / "notes.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):
+        assert run_extract(extract_args(SAMPLE, output, *extra)) == 2
+        assert "holds files that are not an hpd extract output" in capsys.readouterr().err
+    assert [p.name for p in output.iterdir()] == ["notes.txt"]
+
+
+def test_help_shows_every_default():
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    for action in parser._actions:
+        if action.option_strings and not action.required and action.nargs != 0:
+            assert "default" in (action.help or ""), action.option_strings
+
+
+def test_summary_points_at_rejected_rows_only_when_there_are_some():
+    base = {"run_id": "r", "rows_in": 3, "products_out": 3, "rows_rejected": 0, "rejected_by_stage": {},
+            "rows_skipped": 0, "wall_seconds": 1.0, "attempts": 1}
+    assert "rejected rows:    none" in extract._summary(base, "out")
+    some = dict(base, products_out=2, rows_rejected=1, rejected_by_stage={"validate": 1})
+    assert "1 rejected (validate 1)" in extract._summary(some, "out") and "out/rejected/" in extract._summary(some, "out")
+
+
+# ------------------------------------------------------------------ runs (the session's Ray)
+
+
+def test_overwrite_deletes_the_earlier_job_and_starts_over(ray_cluster, tmp_path, capsys):
+    output = tmp_path / "out"
+    assert run_extract(extract_args(SAMPLE, output, "--chunk-rows", 4, "--limit", 12)) == 0
+    first = report(str(output))
+    capsys.readouterr()
+    again = extract_args(SAMPLE, output, "--chunk-rows", 10)
+    assert run_extract(again) == 2  # never implied
+    assert "--chunk-rows (there: 4; here: 10); --limit (there: 12; here: not given)" in capsys.readouterr().err
+    assert run_extract([*again, "--overwrite"]) == 0
+    result = report(str(output))
+    assert result["run_id"] != first["run_id"] and result["rows_in"] == 40 and result["attempts"] == 1
+    new_commits = commits(str(output))
+    assert len(new_commits) == 4  # 4 chunks of 10; none of the first job's 3 chunks of 4 left
+    keys = {f"{c.rsplit('/', 2)[1]}-{int(c.rsplit('/', 1)[1].split('.')[0]):06d}" for c in new_commits}
+    files = io.list_files(str(output / "attributes"))
+    assert files and all(f.rsplit("/", 1)[1].removesuffix(".parquet") in keys for f in files)  # no stale chunk
+    assert sorted(read_attributes(str(output)).column("product_id").unique().to_pylist()) == sorted(
+        r["product_id"] for r in sample_records())
+
+
+def test_a_failed_run_leaves_nothing_and_the_corrected_command_runs(ray_cluster, tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    records = [{"product_id": f"t{i}", "category": "Tea", "title": f"tea {i}"} for i in range(6)]
+    source.write_bytes(jsonl(records))
+    output = tmp_path / "out"
+    failing = [a for i in range(0, 6, 2) for a in ("--dry-run-fail", f"t{i}")]  # every prompt (J = 2) fails
+    assert run_extract(extract_args(source, output, "--docs-per-prompt", 2, *failing)) == 1
+    (line,) = [line for line in error_lines(capsys) if "hpd extract" in line]
+    assert line.startswith("hpd extract: failed: RuntimeError: every one of 3 prompts failed")
+    assert list(output.iterdir()) == []  # no _job.json: nothing of the failed run is left
+    assert run_extract(extract_args(source, output, "--docs-per-prompt", 2)) == 0  # no --overwrite needed
+    assert report(str(output))["products_out"] == 6
+
+
+def test_prompts_the_decoder_fails_on_become_rejected_rows_with_the_reason(ray_cluster, tmp_path):
+    source = tmp_path / "in.jsonl"
+    records = [{"product_id": f"p{i}", "category": "Tea", "title": f"tea {i}"} for i in range(12)]
+    source.write_bytes(jsonl(records))
+    output = tmp_path / "out"
+    argv = extract_args(source, output, "--docs-per-prompt", 2, "--chunk-rows", 6,
+                        "--dry-run-fail", "p1", "--dry-run-fail", "flaky:p4", "--dry-run-fail", "error:p9")
+    assert run_extract(argv) == 0
+    result = report(str(output))
+    rejected = {json.loads(r["record"])["product_id"]: r for r in read_rejected(str(output))}
+    assert set(rejected) == {"p0", "p1", "p8", "p9"}  # the prompts of p1 and p9; p4's succeeded on retry
+    assert all(r["stage"] == "extract" for r in rejected.values())
+    assert "DryRunFailure: simulated decoder failure on a prompt holding 'p1'" in rejected["p0"]["reason"]
+    assert rejected["p8"]["reason"] == "extract error: simulated engine error on a prompt holding 'p9'"
+    written = set(read_attributes(str(output)).column("product_id").to_pylist())
+    assert written == {f"p{i}" for i in range(12)} - set(rejected)
+    assert result["rejected_by_stage"] == {"extract": 4} and result["products_out"] == 8
+
+
+def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd):
+    assert run_extract(extract_args(SAMPLE, tmp_path / "quiet", "--limit", 4)) == 0
+    quiet = capfd.readouterr().err
+    assert run_extract(extract_args(SAMPLE, tmp_path / "loud", "--limit", 4, "--verbose")) == 0
+    loud = capfd.readouterr().err
+    assert "Execution plan" not in quiet and "extract: 4/4 products (100%)" in quiet
+    assert "Execution plan" in loud  # Ray Data's own logs
+
+
+def test_stderr_filter_drops_rays_harmless_notice_and_keeps_the_rest():
+    code = (
+        "import os, sys\n"
+        "from jobs.quiet import StderrFilter\n"
+        "with StderrFilter():\n"
+        "    os.write(2, b\"[2026-11-23 16:52:11,646 E 1 1] core_worker.cc:2465: Actor with class name: 'X' and ID: 'a' "
+        "has constructor arguments in the object store and max_restarts > 0. If the arguments...\\n\")\n"
+        "    os.write(2, b'[2026-11-23 E 1 1] core_worker.cc:1: a real error\\n')\n"
+        "    print('progress', end='', file=sys.stderr, flush=True)\n"
+        "    os.write(2, b'\\rdone\\n')\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=60)
+    assert done.returncode == 0
+    assert done.stderr == b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\nprogress\rdone\nafter\n"
+    assert StderrFilter(active=False).__enter__() is not None
+
+
+def test_ctrl_c_stops_without_a_traceback_and_the_run_resumes(ray_cluster, tmp_path):
+    records = [dict(r, product_id=f"x{i}") for i, r in enumerate(sample_records() * 2)]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records))
+    output = str(tmp_path / "out")
+    argv = extract_args(source, output, "--chunk-rows", 8, "--dry-run-seconds-per-prompt", 0.1)
+    driver = start_extract(argv, ray_cluster.address, {"RAY_DATA_AUTOSCALING_REQUEST_EXPIRE_TIME_S": "15"})
+    wait_for(lambda: len(commits(output)) >= 2 or driver.poll() is not None, "two commits")
+    driver.send_signal(signal.SIGINT)
+    log = driver.communicate(timeout=WAIT_SECONDS)[0].decode()
+    assert driver.returncode == 130, log[-3000:]
+    assert "Traceback" not in log and "hpd extract: interrupted; run the same command again to resume" in log
+    kept = len(commits(output))
+    assert kept >= 2 and not io.exists(io.join(output, "_report.json"))
+    assert run_extract(argv) == 0
+    result = report(output)
+    assert result["rows_in"] == len(records) == result["products_out"] and result["attempts"] == 2
+
+
+def test_quickstart_twice_with_and_without_limit(ray_cluster, tmp_path):
+    env = dict(os.environ, HPD_QUICKSTART_SETUP="0", HPD_QUICKSTART_OUT=str(tmp_path / "qs"), RAY_ADDRESS=ray_cluster.address,
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    runs = []
+    for extra in (["--limit", "6"], []):
+        done = subprocess.run(["bash", "scripts/quickstart.sh", "--decoder", "dry-run", *extra], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=WAIT_SECONDS)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(done)
+    assert report(str(tmp_path / "qs-decoder-dry-run-limit-6"))["rows_in"] == 6
+    assert report(str(tmp_path / "qs-decoder-dry-run"))["rows_in"] == 40
+    quiet = runs[1].stderr
+    assert "extract: 40/40 products (100%)" in quiet
+    for noise in ("core_worker.cc", "Total Progress", "logging_progress", "Execution plan", "MapWorker", "Traceback"):
+        assert noise not in quiet, noise
+    assert f"report:           {tmp_path / 'qs-decoder-dry-run'}/_report.md" in runs[1].stdout

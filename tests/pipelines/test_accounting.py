@@ -1,0 +1,185 @@
+"""Per-prompt decoder failures and the commit-time accounting by row identity (no Ray needed).
+
+The stage is the real ExtractStage with the real dry-run decoder told to fail on given products;
+the chunks are built the way the prepare stage builds them (PREPARED_SCHEMA rows)."""
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from pipelines import io
+from pipelines.accounting import AccountingError, problems
+from pipelines.commit import OutputConfig, write_chunk
+from pipelines.dryrun import DryRunConfig
+from pipelines.extract_stage import ExtractConfig, ExtractStage
+from pipelines.prepare import OK, PREPARED_SCHEMA, REJECTED, SKIPPED
+from pipelines.schema import load_schema
+from pipelines.stacking import StackingConfig, assign_stacks
+
+from .helpers import SAMPLE_ATTRIBUTES, read_attributes, read_rejected, sample_records
+
+SCHEMA = load_schema(str(SAMPLE_ATTRIBUTES))
+
+
+def prepared(records: list[dict], statuses: dict[int, str] | None = None, docs_per_prompt: int = 2) -> dict:
+    """A chunk as the prepare stage sends it: rows in PREPARED_SCHEMA, OK unless ``statuses`` says."""
+    statuses = statuses or {}
+    rows = []
+    for i, record in enumerate(records):
+        status = statuses.get(i, OK)
+        rows.append({
+            "row": 100 + i, "status": status, "reason": None if status == OK else "bad", "stage": None if status == OK else "validate",
+            "record": json.dumps(record), "product_id": record["product_id"],
+            "category": record["category"] if status == OK else None, "title": record["title"],
+            "description": None, "features": [], "input_truncated": False, "stack": -1,
+        })
+    categories = [row["category"] for row in rows]
+    for row, stack in zip(rows, assign_stacks(categories, StackingConfig(docs_per_prompt))):
+        row["stack"] = stack
+    payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
+    return {"chunk": "s-000000", "shard": "s", "index": 0, "rows_in": len(rows), "payload": payload}
+
+
+def stage(failures=(), prompts_per_call=None, attempts=2, progress=None) -> ExtractStage:
+    config = ExtractConfig(decoder="dry-run", schema=SCHEMA, run_id="r", dry_run=DryRunConfig(failures=tuple(failures)),
+                           prompts_per_call=prompts_per_call, decode_attempts=attempts)
+    return ExtractStage(config, progress=progress)
+
+
+def run_chunk(extract: ExtractStage, chunk: dict) -> dict:
+    return extract(pa.Table.from_pylist([chunk])).to_pylist()[0]
+
+
+def shoes(n: int) -> list[dict]:
+    return [{"product_id": f"shoe-{i}", "category": "Shoes", "title": f"shoe {i}"} for i in range(n)]
+
+
+def written_ids(result: dict) -> set:
+    return set(io.table_from_bytes(result["attributes"]).column("product_id").to_pylist())
+
+
+def rejected_rows(result: dict) -> list[dict]:
+    return io.table_from_bytes(result["rejected"]).to_pylist()
+
+
+def check(result: dict) -> list[str]:
+    return problems(result, json.loads(result["stats"]), io.table_from_bytes(result["attributes"]),
+                    io.table_from_bytes(result["rejected"]))
+
+
+def test_a_prompt_that_always_fails_rejects_its_products_with_the_reason_and_no_others():
+    result = run_chunk(stage(failures=[("raise", "shoe-2")]), prepared(shoes(6)))  # prompts {0,1} {2,3} {4,5}
+    assert written_ids(result) == {"shoe-0", "shoe-1", "shoe-4", "shoe-5"}
+    rejected = rejected_rows(result)
+    assert sorted(json.loads(r["record"])["product_id"] for r in rejected) == ["shoe-2", "shoe-3"]
+    assert all(r["stage"] == "extract" and "DryRunFailure" in r["reason"] and "'shoe-2'" in r["reason"] for r in rejected)
+    assert json.loads(result["stats"])["rejected_by_stage"] == {"extract": 2}
+    assert check(result) == []
+
+
+def test_a_flaky_prompt_succeeds_on_its_retry_alone():
+    result = run_chunk(stage(failures=[("flaky", "shoe-2")]), prepared(shoes(6)))
+    assert written_ids(result) == {f"shoe-{i}" for i in range(6)} and rejected_rows(result) == []
+    assert check(result) == []
+
+
+def test_without_retries_a_flaky_prompt_costs_its_whole_call():
+    result = run_chunk(stage(failures=[("flaky", "shoe-2")], attempts=1), prepared(shoes(6)))
+    assert written_ids(result) == set() and len(rejected_rows(result)) == 6  # one call of 3 prompts, no retry
+
+
+def test_an_engine_error_result_rejects_the_prompt_at_once():
+    result = run_chunk(stage(failures=[("error", "shoe-5")]), prepared(shoes(6)))
+    assert written_ids(result) == {f"shoe-{i}" for i in range(4)}
+    assert {r["reason"] for r in rejected_rows(result)} == {"extract error: simulated engine error on a prompt holding 'shoe-5'"}
+
+
+def test_a_decoder_that_fails_every_prompt_fails_the_chunk_instead_of_rejecting_everything():
+    failing = [("raise", f"shoe-{i}") for i in (0, 2, 4)]
+    with pytest.raises(RuntimeError, match="every one of 3 prompts failed"):
+        run_chunk(stage(failures=failing), prepared(shoes(6)))
+
+
+class Recorder:
+    """Stands in for the progress actor handle: ``handle.method.remote(*args)`` is recorded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, method):
+        recorder = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                recorder.calls.append((method, *args))
+
+        return Method
+
+
+def test_progress_is_reported_after_every_call_inside_a_chunk():
+    progress = Recorder()
+    run_chunk(stage(prompts_per_call=2, progress=progress), prepared(shoes(10)))  # 5 prompts: calls of 2, 2, 1
+    assert progress.calls == [("start", "s-000000", 10), ("add", "s-000000", 4), ("add", "s-000000", 4),
+                              ("add", "s-000000", 2)]
+
+
+def test_a_chunk_without_products_loads_no_model():
+    config = ExtractConfig(decoder="hpd", schema=SCHEMA, run_id="r")  # the real engine: would import torch
+    extract = ExtractStage(config)
+    rejected = prepared(shoes(2), statuses={0: REJECTED, 1: REJECTED})
+    result = run_chunk(extract, rejected)
+    assert extract._decoder is None and len(rejected_rows(result)) == 2 and check(result) == []
+
+
+# ------------------------------------------------------------------ accounting by row identity
+
+
+@pytest.fixture
+def good():
+    records = shoes(4) + [sample_records()[1]]
+    return run_chunk(stage(failures=[("raise", "shoe-2")]), prepared(records, statuses={4: SKIPPED}))
+
+
+def test_a_correct_chunk_adds_up(good):
+    assert check(good) == [] and len(good["read_rows"]) == 5 and good["skipped_rows"] == [104]
+
+
+def test_rows_of_a_failed_prompt_dropped_are_caught(good):
+    bad = dict(good, rejected_rows=[], rejected=io.table_to_bytes(io.table_from_bytes(good["rejected"]).slice(0, 0)))
+    stats = json.loads(good["stats"])
+    bad["stats"] = json.dumps(dict(stats, rejected=0, rows_in=stats["rows_in"] - 2))  # counters "fixed" too
+    found = check(bad)
+    assert any("neither written, rejected nor skipped: 102, 103" in p for p in found)
+
+
+def test_a_dropped_row_and_a_duplicated_row_are_caught_although_the_counts_add_up(good):
+    written = good["written_rows"]  # 100, 101
+    attributes = io.table_from_bytes(good["attributes"])
+    bad = dict(good, written_rows=[written[0], written[0]])  # row 101 lost, row 100 twice: 2 products either way
+    found = check(bad)
+    assert any("neither written, rejected nor skipped: 101" in p for p in found)
+    assert any("more than once: 100" in p for p in found)
+    assert attributes.num_rows == json.loads(good["stats"])["attribute_rows"]
+
+
+def test_attribute_rows_must_be_those_of_the_written_rows(good):
+    attributes = io.table_from_bytes(good["attributes"])
+    doubled = pa.concat_tables([attributes, attributes.slice(0, 1)])
+    found = problems(good, json.loads(good["stats"]), doubled, io.table_from_bytes(good["rejected"]))
+    assert any("(product, attribute) rows written more than once" in p for p in found)
+    other = attributes.set_column(0, "product_id", pa.array(["ghost"] * attributes.num_rows))
+    found = problems(good, json.loads(good["stats"]), other, io.table_from_bytes(good["rejected"]))
+    assert any("attribute rows of products not written: ghost" in p for p in found)
+
+
+def test_the_writer_commits_nothing_for_a_chunk_that_does_not_add_up(good, tmp_path):
+    output = OutputConfig(str(tmp_path / "out"), "r")
+    bad = dict(good, written_rows=[good["written_rows"][0]] * 2)
+    with pytest.raises(AccountingError, match="rows do not add up, not committing it"):
+        write_chunk(pa.Table.from_pylist([bad]), output)
+    assert io.list_files(output.uri) == []  # checked before any file is written
+    write_chunk(pa.Table.from_pylist([good]), output)
+    assert set(read_attributes(output.uri).column("product_id").to_pylist()) == {"shoe-0", "shoe-1"}
+    assert len(read_rejected(output.uri)) == 2

@@ -1,0 +1,177 @@
+"""The id index on a real local Ray: its verdicts equal the reference rule over the whole input, with
+tasks cut small; a resumed run reuses it and keeps every owner; stale or foreign state is refused."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from pipelines import dedup, io, reader
+from pipelines.idindex import INDEX_DIR, MARKER, IndexConfig, build_index, shard_verdicts
+from pipelines.prepare import PrepareConfig
+from pipelines.reader import ReadConfig
+from pipelines.schema import ValidationConfig, parse_schema
+from pipelines.stacking import StackingConfig
+
+from .helpers import check_exactly_once, commits, extract_args, read_attributes, read_rejected, run_extract
+
+SCHEMA = {"Tea": ["Brand"], "Shoes": ["Color"]}
+
+
+def _lines(rng: random.Random, n: int, pool: int) -> list[str]:
+    lines = []
+    for _ in range(n):
+        kind = rng.random()
+        record = {"product_id": f"id-{rng.randrange(pool)}", "category": rng.choice(["Tea", "Shoes"]), "title": "t"}
+        if kind < 0.1:
+            record["category"] = "Boats"  # invalid: owns nothing, still has an id
+        elif kind < 0.15:
+            record.pop("product_id")
+        elif kind < 0.2:
+            lines.append('{"product_id": "id-1", broken')
+            continue
+        lines.append(json.dumps(record))
+    return lines
+
+
+def _prepare(uri: str, output: str) -> PrepareConfig:
+    return PrepareConfig(ReadConfig(uri, chunk_rows=7), ValidationConfig(), StackingConfig(), parse_schema(SCHEMA),
+                         output)
+
+
+def _reference(shards: list[reader.Shard], prepare: PrepareConfig, existing: set[str]) -> dict:
+    rows = []
+    for ordinal, shard in enumerate(shards):
+        for _, records in reader.iter_chunks(shard, prepare.read):
+            table = dedup.id_rows(ordinal, records, prepare.schema, prepare.validation).to_pylist()
+            rows += [(r["shard"], r["row"], r["product_id"], r["valid"]) for r in table]
+    return dedup.decide_reference(rows, existing)
+
+
+def _found(shards, index) -> dict:
+    found = {}
+    for ordinal, shard_index in enumerate(index):
+        verdicts = shard_verdicts(shard_index)
+        found.update({(ordinal, int(row)): dedup.Verdict(verdicts[row]) for row in np.flatnonzero(verdicts)})
+    return found
+
+
+def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path):
+    rng = random.Random(7)
+    source = tmp_path / "in"
+    source.mkdir()
+    for name in ("a", "b", "c"):
+        (source / f"{name}.jsonl").write_text("\n".join(_lines(rng, 150, 60)) + "\n")
+    prefix = tmp_path / "earlier"
+
+    done_input = tmp_path / "done-in.jsonl"  # an earlier, finished output: its index's id files
+    done_input.write_text("\n".join(_lines(rng, 30, 200)) + "\n")
+    done = prefix / "dt=1"
+    done_prepare = _prepare(str(done_input), str(done))
+    done_shards = reader.plan_shards(done_prepare.read)
+    build_index(done_shards, done_prepare, str(done), None, IndexConfig(ids_per_partition=4))
+    io.write_json(str(done / "_job.json"), {})
+    io.write_json(str(done / "_report.json"), {})
+    done_ids = {product_id for product_id in _ids_of(done_shards, done_prepare)}
+
+    partial = prefix / "dt=2"  # an unfinished earlier output: its committed manifests
+    io.write_json(str(partial / "_job.json"), {})
+    io.write_json(str(partial / "_commits" / "abc" / "000000.json"), {"owned_ids": ["id-3"], "rejected_ids": ["id-4"]})
+    io.write_json(str(partial / "_commits" / "abc" / "000001.json"), {"owned_ids": ["id-5"], "rejected_ids": []})
+
+    output = prefix / "dt=3"  # this run's own output lies under the prefix: not an earlier output
+    io.write_json(str(output / "_job.json"), {})
+    prepare = _prepare(str(source), str(output))
+    shards = reader.plan_shards(prepare.read)
+    index = build_index(shards, prepare, str(output), str(prefix), IndexConfig(ids_per_partition=25))
+
+    meta = io.read_json(str(output / INDEX_DIR / MARKER))
+    assert meta["earlier_outputs"] == [str(done), str(partial)]
+    assert len(meta["ids"]) > 1  # many intervals
+    expected = _reference(shards, prepare, done_ids | {"id-3", "id-4", "id-5"})
+    assert {v for v in expected.values()} == {dedup.Verdict.DUPLICATE, dedup.Verdict.EXISTING}
+    assert _found(shards, index) == expected
+    assert meta["duplicates"] == sum(v == dedup.Verdict.DUPLICATE for v in expected.values())
+    assert not list((output / INDEX_DIR / meta["build"] / "map").glob("*"))  # map runs deleted
+
+
+def _ids_of(shards, prepare) -> list[str]:
+    return [r["product_id"] for ordinal, shard in enumerate(shards) for _, records in reader.iter_chunks(shard, prepare.read)
+            for r in dedup.id_rows(ordinal, records, prepare.schema, prepare.validation).to_pylist()]
+
+
+@pytest.fixture
+def dup_job(ray_cluster, tmp_path):
+    """Two files; product "dup" first in a.jsonl row 0, again as the last row of b.jsonl."""
+    source = tmp_path / "in"
+    source.mkdir()
+    a = [{"product_id": "dup", "category": "Tea", "title": "first"}]
+    a += [{"product_id": f"a{i}", "category": "Tea", "title": f"a {i}"} for i in range(9)]
+    b = [{"product_id": f"b{i}", "category": "Shoes", "title": f"b {i}"} for i in range(9)]
+    b += [{"product_id": "dup", "category": "Shoes", "title": "later"}]
+    (source / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in a))
+    (source / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b))
+    output = tmp_path / "out"
+    argv = extract_args(source, output, "--chunk-rows", 4)
+    assert run_extract(argv) == 0
+    return {"argv": argv, "output": str(output), "records": a + b, "valid": {r["product_id"] for r in a + b}}
+
+
+def _manifest_with(output: str, key: str, product_id: str) -> str:
+    (uri,) = [u for u in commits(output) if product_id in io.read_json(u)[key]]
+    return uri
+
+
+def _check_dup_owned_by_first(job):
+    rows = read_attributes(job["output"]).to_pylist()
+    assert {r["category"] for r in rows if r["product_id"] == "dup"} == {"Tea"}  # a.jsonl's row owns it
+    (rejected,) = read_rejected(job["output"])
+    assert json.loads(rejected["record"])["title"] == "later" and rejected["reason"] == "duplicate product_id"
+    check_exactly_once(job["output"], job["records"], job["valid"])
+
+
+@pytest.mark.parametrize("lost", ["owner", "duplicate"])
+def test_a_duplicate_keeps_its_owner_across_a_resume(dup_job, lost):
+    """A crash lost the commit of the owner's chunk, or of the duplicate's: the resumed run redoes it
+    with the verdicts of the first attempt, read from the index (not rebuilt)."""
+    _check_dup_owned_by_first(dup_job)
+    index_before = io.read_json(io.join(dup_job["output"], INDEX_DIR, MARKER))
+    key = "owned_ids" if lost == "owner" else "rejected_ids"
+    io.delete_if_exists(_manifest_with(dup_job["output"], key, "dup"))
+    io.delete_if_exists(io.join(dup_job["output"], "_report.json"))
+    assert run_extract(dup_job["argv"]) == 0
+    result = io.read_json(io.join(dup_job["output"], "_report.json"))
+    assert result["resumed"] and result["this_run"]["chunks"] == 1
+    assert io.read_json(io.join(dup_job["output"], INDEX_DIR, MARKER)) == index_before
+    _check_dup_owned_by_first(dup_job)
+
+
+def test_an_unfinished_index_is_built_again(dup_job):
+    """Killed while building the index (no chunk committed yet): the next attempt builds a new one."""
+    output = dup_job["output"]
+    old = io.read_json(io.join(output, INDEX_DIR, MARKER))["build"]
+    for name in ("_commits", "attributes", "rejected"):
+        shutil.rmtree(io.join(output, name))
+    for name in ("_report.json", "_report.md", f"{INDEX_DIR}/{MARKER}"):
+        io.delete_if_exists(io.join(output, name))
+    assert run_extract(dup_job["argv"]) == 0
+    assert io.read_json(io.join(output, INDEX_DIR, MARKER))["build"] != old
+    _check_dup_owned_by_first(dup_job)
+
+
+def test_committed_chunks_without_an_index_are_refused(dup_job, capsys):
+    shutil.rmtree(io.join(dup_job["output"], INDEX_DIR))
+    io.delete_if_exists(io.join(dup_job["output"], "_report.json"))
+    assert run_extract(dup_job["argv"]) == 2
+    assert "no id index" in capsys.readouterr().err
+
+
+def test_an_input_changed_since_the_index_is_refused(dup_job, tmp_path, capsys):
+    with open(tmp_path / "in" / "b.jsonl", "a") as out:
+        out.write(json.dumps({"product_id": "new", "category": "Tea", "title": "new"}) + "\n")
+    assert run_extract(dup_job["argv"]) == 2
+    assert "changed since this run started" in capsys.readouterr().err

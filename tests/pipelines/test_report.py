@@ -1,0 +1,66 @@
+"""The report describes the whole job: time and cost summed over attempts, each at its device's price."""
+
+import pytest
+
+from pipelines import attempts
+from pipelines.build import ActorSizing
+from pipelines.report import ReportConfig, Stats, build_report, render_markdown
+
+META = {"run_id": "r", "input": "in", "output": "out", "decoder": "hpd", "model": "default", "adapter": None,
+        "docs_per_prompt": 4, "max_value_tokens": 30}
+
+
+def stats(products: int, decode_seconds: float = 1.0) -> Stats:
+    total = Stats()
+    total.add({"rows_in": products, "products_out": products, "decode_seconds": decode_seconds})
+    return total
+
+
+def test_prices_per_device_kind():
+    assert ReportConfig().price("gpu") == 3.77 and ReportConfig().price("cpu") == 0.0425
+    assert ReportConfig(price_per_hour=1.5).price("gpu") == ReportConfig(price_per_hour=1.5).price("cpu") == 1.5
+    with pytest.raises(ValueError, match="price_per_hour must be >= 0"):
+        ReportConfig(price_per_hour=-1)
+
+
+def test_cpu_devices_are_the_vcpus_the_actors_compute_on():
+    assert ActorSizing("cpu", 0, 1.0, 1, threads=2).devices == 2  # 1 actor, 2 torch threads
+    assert ActorSizing("gpu", 1, 1.0, 8).devices == 8
+
+
+def test_report_sums_attempts_and_prices_each_by_its_device(tmp_path):
+    first = attempts.Attempt("a", 0.0, 100.0, "cpu", 2, ReportConfig().price("cpu"))  # killed after 100 s
+    second = attempts.Attempt("b", 500.0, 560.0, "cpu", 2, ReportConfig().price("cpu"))
+    report = build_report(META, stats(300, 90.0), stats(100, 30.0), [first, second], second)
+    assert report["attempts"] == 2 and report["resumed"]
+    assert report["wall_seconds"] == 160.0 and report["device_seconds"] == 320.0  # not the 60 s of this run
+    assert report["usd"] == pytest.approx(320 / 3600 * 0.0425, abs=1e-6)
+    assert report["usd_per_1k_products"] == pytest.approx(320 / 3600 * 0.0425 / 300 * 1000, abs=1e-6)
+    assert report["products_per_second_per_device"] == pytest.approx(300 / 320, abs=1e-3)
+    assert report["this_run"]["wall_seconds"] == 60.0 and report["this_run"]["products_out"] == 100
+    assert report["price_per_hour"] == 0.0425 and report["price_unit"] == "vCPU-hour"
+    text = render_markdown(report)
+    assert "Whole job (2 attempts, resumed): 300 products in 160.0 s, 320.0 vCPU-seconds" in text
+    assert "per vCPU-hour" in text
+
+    gpu = attempts.Attempt("c", 600.0, 636.0, "gpu", 1, ReportConfig().price("gpu"))
+    mixed = build_report(META, stats(400), stats(100), [first, second, gpu], gpu)
+    assert mixed["device"] == "cpu+gpu" and mixed["cpu_seconds"] == 320.0 and mixed["gpu_seconds"] == 36.0
+    assert mixed["usd"] == pytest.approx(320 / 3600 * 0.0425 + 36 / 3600 * 3.77, abs=1e-6)
+    assert mixed["products_per_second_per_device"] is None  # GPU-seconds and vCPU-seconds do not add up
+
+
+def test_a_job_of_no_products_reports_no_price_per_product():
+    attempt = attempts.Attempt("a", 0.0, 0.5, "cpu", 0, 0.0425)
+    report = build_report(META, Stats(), Stats(), [attempt], attempt)
+    assert report["products_out"] == 0 and report["usd_per_1k_products"] is None
+    assert "$None" not in render_markdown(report) and "n/a per 1k products" in render_markdown(report)
+
+
+def test_attempt_records_round_trip(tmp_path):
+    output = str(tmp_path / "out")
+    first = attempts.begin(output, "cpu", 2, 0.0425, started_at=10.0)
+    attempts.save(output, attempts.Attempt(first.name, 10.0, 70.0, "cpu", 2, 0.0425))
+    second = attempts.begin(output, "gpu", 1, 3.77, started_at=100.0)
+    loaded = attempts.load_all(output)
+    assert [a.name for a in loaded] == [first.name, second.name] and loaded[0].wall_seconds == 60.0
