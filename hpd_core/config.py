@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 DECODERS = ("hpd", "ar", "reference")
 SKELETONS = ("interleaved", "after-products")  # where HPD's keys go (prompts.skeleton_segments)
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: models.resolve_dtype
 STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (DecodeConfig.step_shape)
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct + the shipped HPD LoRA adapter, see models.py

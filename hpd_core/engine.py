@@ -175,9 +175,10 @@ class HPDSession(Session):
         ``fed``: which queries are real (fixed steps), the others' logits are not recorded."""
         new = select(logits, self.decoder.config, self.generator)
         if self.recorded is not None:
-            if fed is not None:
-                r, s, k, logits = r[fed], s[fed], k[fed], logits[fed]
-            self.recorded[r, s, k] = logits
+            if fed is None:
+                self.recorded[r, s, k] = logits
+            else:
+                self.recorded[r[fed], s[fed], k[fed]] = logits[fed]
         if self.force is not None:
             new = self.force[r, s, k]
         return new

@@ -165,9 +165,36 @@ def _looks_local(name: str) -> bool:
     return Path(name).exists() or Path(name).is_absolute() or name.startswith((".", "~"))
 
 
-def torch_dtype(name: str):
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU instructions that make bf16 matmuls fast
+
+
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX), read from
+    /proc/cpuinfo's flags (False where it cannot be read: bf16 is then emulated and slow)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def resolve_dtype(name: str, device: str) -> str:
+    """The dtype a model runs in: ``name``, or for "auto" bfloat16 on CUDA and on CPUs with native
+    bf16 matmuls (same OA-Mine F1 as float32 with the shipped model, see the README's quality table),
+    float32 on other CPUs."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda") or cpu_has_fast_bf16():
+        return "bfloat16"
+    return "float32"
+
+
+def torch_dtype(name: str, device: str = "cpu"):
     import torch
 
+    name = resolve_dtype(name, device)
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
@@ -181,7 +208,7 @@ def load_model(config: ModelConfig):
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {config.device!r} requested but CUDA is not available")
     kwargs: dict = {
-        "dtype": torch_dtype(config.dtype),
+        "dtype": torch_dtype(config.dtype, config.device),
         "attn_implementation": config.attention,
         "trust_remote_code": config.trust_remote_code,
     }
@@ -189,7 +216,7 @@ def load_model(config: ModelConfig):
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch_dtype(config.dtype)
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch_dtype(config.dtype, config.device)
         )
         kwargs["device_map"] = {"": config.device}
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)

@@ -37,6 +37,7 @@ from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
 from hpd_core.config import ATTENTION, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
+from hpd_core.models import resolve_dtype
 
 
 def _ints(text: str) -> list[int]:
@@ -60,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LoRA adapter merged into --model for the baseline (default: --adapter); "
         "a different one loads the base twice, each copy with its adapter",
     )
-    m.add_argument("--dtype", default="float32", choices=DTYPES)
+    m.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="auto: bfloat16 on GPUs and on CPUs with AVX-512 BF16 or AMX, else float32 (default %(default)s)")
     m.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     m.add_argument("--attention", default="sdpa", choices=[a for a in ATTENTION if a != "flex_attention"])
     w = parser.add_argument_group("workload")
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     check_args(args)
+    args.dtype = resolve_dtype(args.dtype, args.device)  # the report names the dtype that ran
     if args.threads:
         torch.set_num_threads(args.threads)
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)

@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://); replaces the shipped one of 'default' (default: none)")
     parser.add_argument("--decoder", choices=DECODER_CHOICES, default="hpd",
                         help="hpd, ar (baseline), reference (slow oracle), dry-run (no model) (default: hpd)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
-                        help=f"model weights and compute (default: {ModelConfig.dtype})")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"),
+                        help="model weights and compute; auto: bfloat16 on GPUs and on CPUs with AVX-512 BF16 or AMX, "
+                        "float32 on other CPUs (default: auto)")
     parser.add_argument("--docs-per-prompt", type=int, metavar="J",
                         help=f"products of one category per prompt (default: {StackingConfig.docs_per_prompt})")
     parser.add_argument("--max-value-tokens", type=int, metavar="K",

@@ -86,7 +86,7 @@ class ExtractConfig:
     run_id: str
     model_uri: str = DEFAULT_MODEL
     adapter_uri: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # resolved per actor from its device (hpd_core.models.resolve_dtype)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     dry_run: DryRunConfig = field(default_factory=DryRunConfig)
     prompts_per_call: int | None = None

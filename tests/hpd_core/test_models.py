@@ -187,3 +187,17 @@ def test_cuda_matches_cpu_oracle(tokenizer, attention):
     gpu_model = tiny_model("llama", len(tokenizer), attention=attention).cuda()
     gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
     assert [r.extra["slot_tokens"] for r in gpu] == [r.extra["slot_tokens"] for r in cpu]
+
+
+def test_auto_dtype_is_bf16_on_gpus_and_on_cpus_with_native_bf16_only():
+    from hpd_core.models import cpu_has_fast_bf16, resolve_dtype
+
+    flags = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {}\n"
+    assert cpu_has_fast_bf16(flags.format("avx512_bf16"))
+    assert cpu_has_fast_bf16(flags.format("amx_bf16 amx_tile"))
+    assert not cpu_has_fast_bf16(flags.format("avx512_vnni"))  # AVX-512 without BF16: emulated, slow
+    assert not cpu_has_fast_bf16("")
+    assert resolve_dtype("auto", "cuda:0") == "bfloat16"
+    assert resolve_dtype("auto", "cpu") == ("bfloat16" if cpu_has_fast_bf16() else "float32")
+    for name in ("float32", "bfloat16", "float16"):
+        assert resolve_dtype(name, "cpu") == resolve_dtype(name, "cuda") == name  # explicit wins
