@@ -169,7 +169,9 @@ class AutoregressiveDecoder(BatchedDecoder):
     ) -> list[Result]:
         """Generate for one batch (one session); each row stops by itself (or, ``exact``, after
         its budget). ``forced[b]`` (tests): feed these tokens instead of choosing."""
-        return ARSession(self, requests, prompts, budgets, exact, generator, forced).run(self.parser)
+        session = ARSession(self, requests, prompts, budgets, exact, generator, forced)
+        session.on_done = self.session_done(requests)
+        return session.run(self.parser)
 
 
 class ARSession(Session):

@@ -38,6 +38,12 @@ class BatchedDecoder:
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.special = set(tokenizer.all_special_ids)
         self.parser = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-parse")  # results, beside the model
+        self.on_prompt_done: Callable[[Request], None] | None = None  # progress: each request as it finishes
+
+    def session_done(self, requests: list[Request]) -> Callable[[int], None] | None:
+        """A session's ``on_done`` that tells ``on_prompt_done`` which request finished."""
+        hook = self.on_prompt_done
+        return None if hook is None else (lambda item: hook(requests[item]))
 
     def prepare(self, requests: list[Request]) -> list:
         """The requests tokenized, one item per request (host work only)."""

@@ -103,6 +103,7 @@ class HPDDecoder(BatchedDecoder):
                     if not 1 <= len(gold) <= self.config.max_value_tokens:
                         raise ValueError(f"forced value for row {r} slot {s} has {len(gold)} tokens, need 1..{self.config.max_value_tokens}")
         session = HPDSession(self, requests, layouts, generator, forced, forced is not None and record_logits)
+        session.on_done = self.session_done(requests)
         return session.run(self.parser)
 
 

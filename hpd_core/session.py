@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -58,6 +59,7 @@ class Session:
         self.queue = deque(range(len(prompts)))
         self.item: list[int | None] = [None] * rows  # the prompt each row decodes
         self.results: dict[int, object] = {}
+        self.on_done: Callable[[int], None] | None = None  # called with a prompt's index when it finishes
 
     def run(self, parser: Executor | None = None) -> list:
         """Decode every prompt; results in prompt order. A finished row's outputs are copied to the
@@ -69,6 +71,8 @@ class Session:
                 outputs = self.outputs(row, item)
                 pending[item] = parser.submit(self.parse, item, outputs) if parser else _done(self.parse(item, outputs))
                 self.item[row] = None
+                if self.on_done is not None:
+                    self.on_done(item)
             self.admit()
             if all(item is None for item in self.item):
                 break

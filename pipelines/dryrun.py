@@ -63,6 +63,7 @@ class DryRunDecoder:
     def __init__(self, config: DryRunConfig = DryRunConfig()) -> None:
         self.config = config
         self._failed_once: set[str] = set()  # flaky products that already failed in this decoder
+        self.on_prompt_done = None  # as the engine's decoders: called with each request as it finishes
 
     def _mode(self, request: Request) -> tuple[str, str] | None:
         ids = {product.product_id for product in request.products}
@@ -75,13 +76,13 @@ class DryRunDecoder:
         if self.config.seconds_per_prompt:
             time.sleep(self.config.seconds_per_prompt * len(requests))
         failing = [failure for failure in map(self._mode, requests) if failure and failure[0] != "error"]
-        if failing:
-            self._failed_once.update(product_id for mode, product_id in failing if mode == "flaky")
-            raise DryRunFailure(f"simulated decoder failure on a prompt holding {failing[0][1]!r}")
         results = []
-        for request in requests:
-            nulls = tuple(tuple(Value(None) for _ in request.attributes) for _ in request.products)
+        for request in requests:  # like the engine, prompts before a failing one finish (and are reported)
             failure = self._mode(request)
+            if failure and failure[0] != "error":
+                self._failed_once.update(product_id for mode, product_id in failing if mode == "flaky")
+                raise DryRunFailure(f"simulated decoder failure on a prompt holding {failure[1]!r}")
+            nulls = tuple(tuple(Value(None) for _ in request.attributes) for _ in request.products)
             results.append(
                 Result(
                     request=request,
@@ -93,4 +94,6 @@ class DryRunDecoder:
                     error=f"simulated engine error on a prompt holding {failure[1]!r}" if failure else None,
                 )
             )
+            if self.on_prompt_done is not None:
+                self.on_prompt_done(request)
         return results

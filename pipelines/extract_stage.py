@@ -207,11 +207,27 @@ class ExtractStage:
         outcomes: list[Result | str | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -_text_length(requests[i]))
         size = self.config.call_size
+        told: set[int] = set()  # requests already counted (a prompt retried alone is not counted twice)
+
+        def done(request: Request) -> None:  # the engine's sessions call this as each prompt finishes
+            if id(request) not in told:
+                told.add(id(request))
+                self._tell("add", chunk, len(request.products))
+
         for start in range(0, len(order), size):
             part = order[start : start + size]
-            for i, outcome in zip(part, self._decode([requests[i] for i in part])):
-                outcomes[i] = outcome
-            self._tell("add", chunk, sum(len(requests[i].products) for i in part))
+            if hasattr(self.decoder, "on_prompt_done"):
+                self.decoder.on_prompt_done = done
+            try:
+                for i, outcome in zip(part, self._decode([requests[i] for i in part])):
+                    outcomes[i] = outcome
+            finally:
+                if hasattr(self.decoder, "on_prompt_done"):
+                    self.decoder.on_prompt_done = None
+            rest = [requests[i] for i in part if id(requests[i]) not in told]  # failed, or a decoder without sessions
+            told.update(id(r) for r in rest)
+            if rest:
+                self._tell("add", chunk, sum(len(r.products) for r in rest))
         return outcomes  # type: ignore[return-value]
 
     def _chunk(self, chunk: dict) -> dict:

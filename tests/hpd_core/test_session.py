@@ -193,3 +193,16 @@ def test_decode_stream_tokenizes_ahead_and_equals_decode(models, tokenizer):
         key = "slot_tokens" if decoder.name == "hpd" else "text"
         streamed = list(decoder.decode_stream(batches))
         assert [[r.extra[key] for r in rs] for rs in streamed] == [[r.extra[key] for r in decoder.decode(b)] for b in batches]
+
+
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_each_prompt_is_reported_once_as_it_finishes(models, tokenizer, decoder_name):
+    """``on_prompt_done`` (the job's progress line) hears of every request exactly once, and of the
+    first ones while later prompts are still waiting for a row."""
+    requests = category_requests(random.Random(11), 5)
+    decoder = make_decoder(decoder_name, models["llama"], tokenizer, DecodeConfig(max_value_tokens=6, max_batch_size=2))
+    heard = []
+    decoder.on_prompt_done = lambda request: heard.append((request, decoder.runner.counts["prefill"]))
+    decoder.decode(requests)
+    assert sorted(id(r) for r, _ in heard) == sorted(id(r) for r in requests)
+    assert heard[0][1] < decoder.runner.counts["prefill"]  # reported before the last rows were refilled

@@ -119,8 +119,16 @@ class Recorder:
 
 
 def test_progress_is_reported_after_every_call_inside_a_chunk():
+    """A decoder that does not report prompts as they finish: the line moves after each call."""
     progress = Recorder()
-    run_chunk(stage(prompts_per_call=2, progress=progress), prepared(shoes(10)))  # 5 prompts: calls of 2, 2, 1
+    extract = stage(prompts_per_call=2, progress=progress)
+    dry = extract.decoder
+
+    class Plain:  # the decoder interface without the hook
+        name, model_name, decode = dry.name, dry.model_name, dry.decode
+
+    extract._decoder = Plain()
+    run_chunk(extract, prepared(shoes(10)))  # 5 prompts: calls of 2, 2, 1
     assert progress.calls == [("start", "s-000000", 10), ("add", "s-000000", 4), ("add", "s-000000", 4),
                               ("add", "s-000000", 2)]
 
@@ -183,3 +191,15 @@ def test_the_writer_commits_nothing_for_a_chunk_that_does_not_add_up(good, tmp_p
     write_chunk(pa.Table.from_pylist([good]), output)
     assert set(read_attributes(output.uri).column("product_id").to_pylist()) == {"shoe-0", "shoe-1"}
     assert len(read_rejected(output.uri)) == 2
+
+
+def test_progress_moves_with_each_finished_prompt_and_a_retried_prompt_counts_once():
+    """A decoder that reports each prompt as it finishes (the engine's sessions do, and so does the
+    dry-run decoder) moves the line inside one call; a call that fails after some prompts finished
+    and is retried prompt by prompt still adds up to the chunk's products, each counted once."""
+    progress = Recorder()
+    result = run_chunk(stage(failures=[("flaky", "shoe-7")], progress=progress), prepared(shoes(10)))  # one call of 5 prompts
+    adds = [n for method, _, n in progress.calls if method == "add"]
+    assert progress.calls[0] == ("start", "s-000000", 10)
+    assert adds == [2] * 5  # one per prompt of 2 products; the retry added nothing twice
+    assert len(written_ids(result)) == 10 and check(result) == []
