@@ -15,8 +15,10 @@ decoder itself is broken: the chunk fails (Ray retries it, then the job stops) r
 the whole catalog.
 
 The requests of a chunk are decoded in calls of ``prompts_per_call`` (longest-first order, so that
-a call's prompts have similar lengths, as the engine's own batches do); after each call the stage
-tells the driver's progress counter how many products it decoded, so progress moves inside a chunk.
+a call's prompts have similar lengths, as the engine's own batches do). The decoder reports each
+prompt as it finishes (``on_prompt_done``) and the stage tells the driver's progress counter its
+products, each request once (also when a failed call is retried prompt by prompt), so progress
+moves inside a chunk and inside a call; for a decoder without that hook, after each call.
 
 Each result row carries the chunk's ledger by row identity (row index in the shard): the rows read
 and, for each, where it went (written, rejected, skipped). The writer checks it against the files
@@ -76,7 +78,7 @@ class ExtractConfig:
 
     model_uri / adapter_uri may be ``s3://`` prefixes: each node copies them once into its cache
     before the engine's ModelConfig (which refuses S3 names) is built.
-    prompts_per_call: prompts per decoder call; progress is reported after each call (None: the
+    prompts_per_call: prompts per decoder call (None: the
         engine's ``max_batch_size``, so a call is about one engine batch and costs no throughput).
     decode_attempts: tries per prompt before its products are rejected (see the module doc).
     """

@@ -1,15 +1,15 @@
 """Live progress of a running job on one line: products done / total, products/s and ETA.
 
 ```
-extract actors ──start/add (after each decoder call)──▶ ProgressCounter (actor, 0 CPU)
+extract actors ──start/add (as each prompt finishes)──▶ ProgressCounter (actor, 0 CPU)
 driver: committed chunks' rows ──┐                                    │ snapshot
                                  └──────────▶ ProgressLine (thread) ◀─┘ ──▶ stderr, every few seconds
 ```
 
 "Done" counts input rows: those of committed chunks (written, rejected or skipped, counted once, at
 commit) plus the products the actors have decoded in chunks not yet committed, so the line moves
-inside a chunk, after each decoder call (about one engine batch, see
-ExtractConfig.prompts_per_call); the products of calls under way are shown as "being decoded". A
+inside a chunk as each prompt finishes (pipelines/extract_stage.py); the products of prompts under
+way are shown as "being decoded". A
 chunk retried after a failure starts again from zero. The total is counted in the
 background (exact for inputs of up to ``exact_bytes`` of JSON Lines and for Parquet, from its
 metadata; estimated from the first shard's rows per byte beyond that, shown with ``~``). The rate
