@@ -56,12 +56,28 @@ def write_records(path: Path, rows: int) -> None:
             out.write("\n".join(lines) + "\n")
 
 
-def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float]) -> int:
-    """The summed PSS of the process tree now; updates each process's CPU time seen so far."""
+def kind(process: psutil.Process, root: psutil.Process) -> str:
+    """What a process of the tree is, for the memory breakdown: the driver, a Ray actor or task by its
+    name (``ray::ExtractStage``), or the executable (``raylet``, ``gcs_server``, ...)."""
+    if process.pid == root.pid:
+        return "driver"
+    name = process.name()
+    if name.startswith("ray::"):
+        return name.split("(")[0].split(".")[0][:40]
+    return name[:40]
+
+
+def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float], kinds: dict[str, int] | None = None) -> int:
+    """The summed PSS of the process tree now; updates each process's CPU time seen so far and, in
+    ``kinds``, the PSS now by kind of process."""
     total = 0
     for process in [root, *root.children(recursive=True)]:
         try:
-            total += process.memory_full_info().pss
+            pss = process.memory_full_info().pss
+            total += pss
+            if kinds is not None:
+                key = kind(process, root)
+                kinds[key] = kinds.get(key, 0) + pss
             times = process.cpu_times()
             cpu_seconds[process.pid] = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -89,9 +105,12 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
     log = open(work / f"log-{rows}.txt", "wb")
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    root, peak, samples, cpu_seconds = psutil.Process(driver.pid), 0, 0, {}
+    root, peak, samples, cpu_seconds, at_peak = psutil.Process(driver.pid), 0, 0, {}, {}
     while driver.poll() is None:
-        peak = max(peak, sample_tree(root, cpu_seconds))
+        kinds: dict[str, int] = {}
+        total = sample_tree(root, cpu_seconds, kinds)
+        if total > peak:
+            peak, at_peak = total, kinds
         samples += 1
         time.sleep(SAMPLE_SECONDS)
     wall = time.time() - started
@@ -103,7 +122,8 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
             "products_out": report["products_out"], "products_per_second": round(report["products_out"] / wall, 1),
             "cpu_seconds": round(cpu, 1), "products_per_cpu_second": round(report["products_out"] / cpu, 1),
             "load_average_1min": round(os.getloadavg()[0], 1),
-            "peak_pss_mib": round(peak / 2**20), "pss_samples": samples, "rejected_by_stage": report["rejected_by_stage"],
+            "peak_pss_mib": round(peak / 2**20), "pss_samples": samples,
+            "peak_pss_mib_by_process": {k: round(v / 2**20) for k, v in sorted(at_peak.items(), key=lambda kv: -kv[1])}, "rejected_by_stage": report["rejected_by_stage"],
             "duplicates_checked": check_duplicates(output, rows, report)}
 
 
