@@ -293,6 +293,7 @@ def test_bench_adapters(capsys, tmp_path, monkeypatch, lora_model, own_baseline)
         "--synthetic", "--model", model_dir, "--adapter", hpd_adapter,
         *(["--baseline-adapter", ar_adapter] if own_baseline else []),
         "--num-products", "4", "--docs-per-prompt", "2", *SMALL, "--batch-size", "2", "--out", str(out),
+        "--dtype", "float32",  # compared below with the adapters merged in float32
     ])  # fmt: skip
     report = json.loads((out / "bench.json").read_text())
     assert (report["model"]["adapter"], report["model"]["baseline_adapter"]) == (hpd_adapter, ar_adapter)
