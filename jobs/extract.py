@@ -10,8 +10,9 @@ arguments to resume; --overwrite deletes an earlier job in the output and starts
 from __future__ import annotations
 
 import argparse
-import re
 import importlib.util
+import os
+import re
 import sys
 
 from hpd_core.config import DEFAULT_MODEL, SKELETONS, DecodeConfig, ModelConfig
@@ -92,6 +93,13 @@ def _summary(report: dict, output: str) -> str:
     return "\n".join(lines)
 
 
+# A local Ray that the job starts keeps at most this many finished tasks' events in its GCS (the
+# dashboard's task list). Ray's default, 100,000, lets the GCS grow by hundreds of MB over a long
+# job (a few tasks per chunk). Set the variable to keep more; a joined cluster keeps its own setting.
+TASK_EVENTS_ENV = "RAY_task_events_max_num_task_in_gcs"
+TASK_EVENTS_KEPT = "10000"
+
+
 def _run_on_ray(config, args) -> dict:
     import ray
 
@@ -100,6 +108,7 @@ def _run_on_ray(config, args) -> dict:
 
     quiet.quiet_ray_data(args.verbose)
     if not ray.is_initialized():
+        os.environ.setdefault(TASK_EVENTS_ENV, TASK_EVENTS_KEPT)  # read by a GCS that ray.init starts here
         try:
             ray.init(address=config.address, **quiet.ray_init_options(args.verbose))
         except Exception as err:  # ConnectionError, ...; a plain Exception when its node times out at startup

@@ -126,6 +126,8 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-MAP_SHARD = ray.remote(map_shard)
-MAP_MANIFESTS = ray.remote(map_manifests)
-REDUCE_INTERVAL = ray.remote(reduce_interval)
+# max_calls=1: the worker of each task exits after it, so the memory of its sort is given back to
+# the machine instead of being kept by an idle worker for the rest of the job
+MAP_SHARD = ray.remote(max_calls=1)(map_shard)
+MAP_MANIFESTS = ray.remote(max_calls=1)(map_manifests)
+REDUCE_INTERVAL = ray.remote(max_calls=1)(reduce_interval)
