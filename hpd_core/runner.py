@@ -39,6 +39,9 @@ class ModelRunner:
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.flex = getattr(self.body.config, "_attn_implementation", "sdpa") == "flex_attention"
+        if self.flex and self.device.type != "cuda":
+            raise ValueError("attention 'flex_attention' is for CUDA devices: on a CPU, PyTorch 2.13's compiled "
+                             "FlexAttention kernel fails to build for the engine's block masks; load the model with 'sdpa'")
         self.engine_sdpa = uses_sdpa(self.body.config)
         self.packed = packed and self.engine_sdpa
         self.vocab_size = self.head.weight.shape[0]

@@ -164,16 +164,14 @@ def test_default_model_offline(tmp_path, monkeypatch):
             assert sum(b is not None and b in t for b, t in zip(brands, TITLES)) >= 3, brands
 
 
-@pytest.mark.slow
-def test_flex_attention_block_mask_matches_oracle(tokenizer):
-    """FlexAttention with a BlockMask (compiled; slow on CPU) gives the oracle's tokens."""
-    rng = random.Random(1)
-    requests = [random_request(rng, rng.randint(1, 3), rng.randint(1, 3)) for _ in range(3)]
-    config = DecodeConfig(max_value_tokens=4)
-    oracle = make_decoder("reference", tiny_model("llama", len(tokenizer)), tokenizer, config).decode(requests)
-    flex = make_decoder("hpd", tiny_model("llama", len(tokenizer), attention="flex_attention"), tokenizer, config)
-    assert flex.runner.flex
-    assert [r.extra["slot_tokens"] for r in flex.decode(requests)] == [r.extra["slot_tokens"] for r in oracle]
+def test_flex_attention_is_refused_on_cpu_with_a_clear_error(tokenizer):
+    """FlexAttention is the CUDA path (checked against the oracle by test_cuda_matches_cpu_oracle);
+    on a CPU its compiled kernel fails to build for the engine's block masks (an inductor C++ error
+    deep in the first forward), so the decoder refuses it when it is built."""
+    flex = tiny_model("llama", len(tokenizer), attention="flex_attention")
+    for name in ("hpd", "ar"):
+        with pytest.raises(ValueError, match="'flex_attention' is for CUDA devices"):
+            make_decoder(name, flex, tokenizer, DecodeConfig(max_value_tokens=4))
 
 
 @pytest.mark.gpu
