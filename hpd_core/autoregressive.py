@@ -233,12 +233,6 @@ class ARSession(Session):
         elif n >= self.budgets[item] or (self.forced is not None and n == len(self.forced[item])):
             self.ends[item] = (n, self.exact)
 
-    def step(self) -> None:
-        if self.fixed:
-            self.fixed_step()
-        else:
-            self.packed_step()
-
     def packed_step(self) -> None:
         busy = [row for row in range(self.rows) if self.item[row] is not None and self.ends[self.item[row]] is None]
         if not busy:

@@ -185,12 +185,6 @@ class HPDSession(Session):
         return new
 
     # -- steps -----------------------------------------------------------------------------
-    def step(self) -> None:
-        if self.fixed:
-            self.fixed_step()
-        else:
-            self.packed_step()
-
     def packed_step(self) -> None:
         """Feed the active slots' tokens only, packed, each row's appended after its entries."""
         r, s = self.active.nonzero(as_tuple=True)  # row-major

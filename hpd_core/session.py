@@ -48,7 +48,7 @@ class Prompt:
 
 
 class Session:
-    """The loop; subclasses implement ``start``, ``step``, ``done``, ``outputs`` and ``parse``."""
+    """The loop; subclasses implement ``start``, ``packed_step`` and ``fixed_step``, ``done``, ``outputs`` and ``parse``."""
 
     def __init__(self, runner: ModelRunner, prefixes: PrefixStore, prompts: list[Prompt], rows: int, capacity: int):
         self.runner = runner
@@ -134,7 +134,19 @@ class Session:
         """Rows just prefilled: ``hidden[i]`` are the hidden states at prompt ``items[i]``'s outputs."""
         raise NotImplementedError
 
+    fixed = False  # the decoder's step shape: fixed (CUDA graphs) or packed (CPU); see DecodeConfig.step_shape
+
     def step(self) -> None:
+        """One forward over every busy row's next queries."""
+        if self.fixed:
+            self.fixed_step()
+        else:
+            self.packed_step()
+
+    def packed_step(self) -> None:
+        raise NotImplementedError
+
+    def fixed_step(self) -> None:
         raise NotImplementedError
 
     def done(self) -> list[int]:
