@@ -48,7 +48,8 @@ class Prompt:
 
 
 class Session:
-    """The loop; subclasses implement ``start``, ``packed_step`` and ``fixed_step``, ``done``, ``outputs`` and ``parse``."""
+    """The loop; subclasses implement ``start``, ``packed_step`` / ``fixed_step``, ``done``,
+    ``outputs`` and ``parse``."""
 
     def __init__(self, runner: ModelRunner, prefixes: PrefixStore, prompts: list[Prompt], rows: int, capacity: int):
         self.runner = runner
