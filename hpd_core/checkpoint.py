@@ -45,8 +45,8 @@ def load(directory: Path) -> dict | None:
     return torch.load(path, weights_only=False)  # our own file: it holds the Python RNG state
 
 
-def restore(state: dict, model, optimizer, scheduler, report) -> tuple[int, int, object]:
-    """Load ``state`` into the run's objects; returns (epoch, next micro-batch, epoch RNG state)."""
+def load_weights(state: dict, model) -> None:
+    """Copy a checkpoint's trainable weights into ``model`` (prepared as the run's was)."""
     params = dict(model.named_parameters())
     missing = [name for name in state["weights"] if name not in params]
     if missing:
@@ -54,6 +54,11 @@ def restore(state: dict, model, optimizer, scheduler, report) -> tuple[int, int,
     with torch.no_grad():
         for name, value in state["weights"].items():
             params[name].copy_(value)
+
+
+def restore(state: dict, model, optimizer, scheduler, report) -> tuple[int, int, object]:
+    """Load ``state`` into the run's objects; returns (epoch, next micro-batch, epoch RNG state)."""
+    load_weights(state, model)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     for key, value in state["report"].items():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from hpd_core.checkpoint import load_weights
 from hpd_core.config import ModelConfig
 from hpd_core.finetune import TrainConfig, prepare_model
 from hpd_core.models import load_model
@@ -30,13 +31,10 @@ def main() -> None:
     state = torch.load(args.checkpoint, weights_only=False)
     model, tokenizer = load_model(ModelConfig(name=args.model))
     model = prepare_model(model, TrainConfig(docs_per_prompt=1, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha))
-    params = dict(model.named_parameters())
-    missing = [name for name in state["weights"] if name not in params]
-    if missing:
-        raise SystemExit(f"checkpoint does not match this model/LoRA shape: {missing[:3]}")
-    with torch.no_grad():
-        for name, value in state["weights"].items():
-            params[name].copy_(value)
+    try:
+        load_weights(state, model)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     model.save_pretrained(args.out)
     report = state["report"]
     (args.out / "checkpoint_report.json").write_text(json.dumps(
