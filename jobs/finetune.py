@@ -101,6 +101,29 @@ def split(products: list, fraction: float, seed: int) -> tuple[list, list]:
     return [p for i, p in enumerate(products) if i not in held], [p for i, p in enumerate(products) if i in held]
 
 
+VALIDATION_DIR = "validation"
+
+
+def write_validation(sources, products: list, out: Path) -> Path | None:
+    """The held-out products as an ``hpd convert`` folder (records, attributes, gold) under
+    ``out/validation``, so that a run's checkpoints can be compared with ``hpd extract`` +
+    ``hpd evaluate`` on exactly the products it did not train on. None when nothing is held out."""
+    if not products:
+        return None
+    ids = {p.product.product_id for p in products}
+    folder = out / VALIDATION_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for source, name in ((sources.records, "records.jsonl"), (sources.gold, "gold.jsonl")):
+        if not Path(source).is_file():
+            continue
+        with open(source, encoding="utf-8") as lines, open(folder / name, "w", encoding="utf-8") as kept:
+            for line in lines:
+                if line.strip() and json.loads(line).get("product_id") in ids:
+                    kept.write(line if line.endswith("\n") else line + "\n")
+    shutil.copyfile(sources.attributes, folder / "attributes.json")
+    return folder
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     import torch
@@ -132,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and (checkpoints / "checkpoint.pt").is_file():
         raise ValueError(f"{checkpoints} holds a checkpoint of an earlier run: pass --resume to continue it, "
                          "or choose another --out")
+    if not args.teacher and (validation := write_validation(sources, val_products, args.out)):
+        logging.info("validation products (%d) written to %s for hpd extract / evaluate", len(val_products), validation)
     report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config,
                             checkpoint_dir=checkpoints, resume=args.resume)
     finetune.save(model, tokenizer, args.out, config.full)

@@ -111,6 +111,12 @@ def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
     assert record["targets"] == "gold" and record["args"]["docs_per_prompt"] == 2
     assert (out / "adapter_config.json").is_file()
     assert not (out / "checkpoint").exists()  # removed once the run completed
+    # the held-out products, as an `hpd convert` folder to extract and evaluate on
+    validation = out / "validation"
+    val_ids = [json.loads(line)["product_id"] for line in (validation / "records.jsonl").read_text().splitlines()]
+    gold_ids = [json.loads(line)["product_id"] for line in (validation / "gold.jsonl").read_text().splitlines()]
+    assert len(val_ids) == 2 and gold_ids == val_ids
+    assert json.loads((validation / "attributes.json").read_text()) == ATTRIBUTES
     assert main(argv + ["--resume"]) == 2  # nothing to resume
     assert "no checkpoint" in capsys.readouterr().err
     model, _ = load_model(ModelConfig(name=str(model_dir), adapter=str(out)))
