@@ -8,6 +8,11 @@ calls ``scaled_dot_product_attention(..., enable_gqa=True)`` with the mask inste
 padding, and attention unpacks them to ``(rows, A)`` against each row's cache (``unpack``: the
 flat ``row * A + column`` place of each packed token).
 
+A forward whose queries each see exactly the cache entries up to their own index (a prefill: every
+entry before it present, in position order; ``causal_width``) needs no mask at all: the queries
+are placed at their own index in a (rows, width) grid and SDPA's causal rule is the attention
+rule. The CPU kernel then skips the blocks above the diagonal, and nobody builds a dense mask.
+
 It is registered under ``ENGINE_ATTENTION`` and switched on only around the engine's own forward
 passes (``engine_attention``), so a model shared with other code keeps its configured
 implementation. Models whose configured attention is not SDPA (eager for soft-capped logits,
@@ -33,19 +38,26 @@ def engine_sdpa(
     dropout: float = 0.0,
     scaling: float | None = None,
     unpack: torch.Tensor | None = None,  # (N,) flat place of each packed query in (rows, A)
+    causal_width: int | None = None,  # causal forward: the grid is (rows, width), query at its own index
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Returns the attention output as (rows, A, H, Dv), or (1, N, H, Dv) for packed queries."""
     if kwargs.get("softcap") is not None:
         raise ValueError("the engine's SDPA attention has no logit soft-capping: load the model with attention='eager'")
     heads = query.shape[1]
-    rows, queries = attention_mask.shape[0], attention_mask.shape[2]
+    if causal_width is not None:
+        if unpack is None or causal_width != key.shape[2]:
+            raise ValueError("a causal forward takes packed queries over all of its rows' entries")
+        rows, queries, attention_mask = key.shape[0], causal_width, None
+    else:
+        rows, queries = attention_mask.shape[0], attention_mask.shape[2]
     if unpack is not None:
         flat = query.new_zeros(rows * queries, heads, query.shape[3])
         flat[unpack] = query[0].transpose(0, 1)
         query = flat.view(rows, queries, heads, -1).transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != heads
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal_width is not None,
+        enable_gqa=key.shape[1] != heads,
     ).transpose(1, 2)  # (rows, A, H, Dv)
     if unpack is not None:
         out = out.reshape(rows * queries, heads, -1)[unpack].unsqueeze(0)

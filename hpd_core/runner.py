@@ -13,7 +13,11 @@ and generation index. The runner lays them out for the model in one of two ways:
   packing.
 
 The mask is ``masks.allowed`` over the entries' positions, generation indices and presence (each
-layer's own window, ``masks.for_layers``), built once per forward for all layers. Only the hidden
+layer's own window, ``masks.for_layers``), built once per forward for all layers. A forward the
+caller marks ``causal`` (a prefill: each row's entries up to its last query are present, in
+strictly increasing positions, generation 0) is the rule's special case "an entry is seen iff its
+index is at most the query's"; with the engine's packed SDPA and full-attention layers it runs as
+SDPA's causal attention, with no mask (tests/hpd_core/test_runner.py: the same as the masked path). Only the hidden
 states asked for go through the LM head.
 """
 
@@ -47,6 +51,8 @@ class ModelRunner:
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
         self.windows = masks.layer_windows(model.config)
+        # causal forwards can skip the mask: full-attention layers only (a window needs the mask)
+        self.causal_ok = self.packed and all(window is None for window in self.windows.values())
         self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
         self.tokens = {"prefix": 0, "prefill": 0, "step": 0}  # query tokens computed (packed) by kind
 
@@ -70,6 +76,7 @@ class ModelRunner:
         present: torch.Tensor | None = None,  # (N,) bool; None: all present
         grid: tuple[int, int] | None = None,  # every cache row has exactly A queries (fixed shape)
         kind: str = "step",  # "prefix", "prefill" or "step", for the counters
+        causal: bool = False,  # the caller vouches: each query sees exactly the entries [0, its index]
     ) -> torch.Tensor:
         """Hidden states (N, hidden) of the queries, after writing their keys/values in the cache."""
         present = torch.ones_like(rows, dtype=torch.bool) if present is None else present
@@ -85,14 +92,20 @@ class ModelRunner:
             place = group * A + torch.arange(rows.numel(), device=rows.device) - starts[group]  # (N,) in (b, A)
             if b == cache.rows and bool((read_rows == torch.arange(b, device=rows.device)).all()):
                 read_rows = None
-        grid_pos, grid_gen, grid_index = (self._grid(x, b, A, place, fill) for x, fill in
-                                          ((pos, 0), (gen, 0), (index, cache.scratch)))  # fmt: skip
-        keys = cache.keys_of(read_rows, end)
-        own = grid_index.clamp(max=end - 1)  # padding queries (index: scratch) see some entry, no NaN
-        mask = self.mask(lambda window: masks.allowed(*keys, grid_pos, grid_gen, own, window))
         packed = self.packed and place is not None
+        if packed and causal and self.causal_ok:
+            # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule
+            mask, kwargs = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device), {
+                "unpack": group * end + index, "causal_width": end}
+        else:
+            grid_pos, grid_gen, grid_index = (self._grid(x, b, A, place, fill) for x, fill in
+                                              ((pos, 0), (gen, 0), (index, cache.scratch)))  # fmt: skip
+            keys = cache.keys_of(read_rows, end)
+            own = grid_index.clamp(max=end - 1)  # padding queries (index: scratch) see some entry, no NaN
+            mask = self.mask(lambda window: masks.allowed(*keys, grid_pos, grid_gen, own, window))
+            kwargs = {"unpack": place}
         if packed:
-            ids, positions, kwargs = tokens[None], pos[None], {"unpack": place}
+            ids, positions = tokens[None], pos[None]
             write_rows, write_index = rows, index
         else:
             ids, positions, kwargs = self._grid(tokens, b, A, place, self.pad_id), grid_pos, {}

@@ -110,6 +110,9 @@ class Session:
             torch.zeros(sum(len(span) for span in spans), dtype=torch.long, device=dev),
             end=max(len(p.ids) for p in prompts),
             kind="prefill",
+            # each row: its prefix, then its own tokens, all present; in position order, each token
+            # sees exactly the entries before it (a prompt whose positions go back uses the mask)
+            causal=all(in_order(p.positions) for p in prompts),
         )
         out, start = [], 0
         for p, span in zip(prompts, spans):
@@ -125,7 +128,7 @@ class Session:
             cache = self.runner.new_cache(1, n + 1)
             arange = torch.arange(n, device=dev)
             self.runner.forward(cache, torch.zeros_like(arange), arange, torch.tensor(ids, device=dev), arange,
-                                torch.zeros_like(arange), end=n, kind="prefix")  # fmt: skip
+                                torch.zeros_like(arange), end=n, kind="prefix", causal=True)  # fmt: skip
             prefix = cache.take_prefix(0, n)
             self.prefixes.put(ids, prefix)
         return prefix
@@ -161,6 +164,11 @@ class Session:
     def parse(self, item: int, outputs):
         """The result of prompt ``item`` from its outputs (host work only: text, parsing)."""
         raise NotImplementedError
+
+
+def in_order(positions: tuple[int, ...]) -> bool:
+    """Strictly increasing positions."""
+    return all(a < b for a, b in zip(positions, positions[1:]))
 
 
 def _done(value) -> Future:

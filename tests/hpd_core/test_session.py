@@ -129,6 +129,53 @@ def test_packed_grouped_attention_equals_repeated_kv(heads, kv_heads):
         torch.testing.assert_close(out[0, i], expected[:, 0], atol=1e-6, rtol=0)
 
 
+def test_causal_attention_is_the_index_rule():
+    """engine_sdpa's causal mode (queries at their own index, no mask) == the masked call with the
+    mask "entry index <= query index"."""
+    torch.manual_seed(1)
+    rows, C, heads, kv_heads, D = 3, 10, 4, 2, 8
+    index = [torch.arange(3, 10), torch.arange(0, 6), torch.arange(4, 5)]  # a prefix before, or none
+    place = torch.cat([r * C + i for r, i in enumerate(index)])
+    query = torch.randn(1, heads, len(place), D)
+    key, value = torch.randn(rows, kv_heads, C, D), torch.randn(rows, kv_heads, C, D)
+    causal, _ = engine_sdpa(None, query, key, value, torch.zeros(rows, 1, 1, 1), scaling=0.3, unpack=place,
+                            causal_width=C)  # fmt: skip
+    allowed = torch.arange(C)[None, :] <= torch.arange(C)[:, None]  # (query index, entry index)
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min).expand(rows, 1, C, C)
+    masked, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=place)
+    torch.testing.assert_close(causal, masked, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, decoder_name):
+    """Prefills (and shared prefixes) run as SDPA's causal attention give the same tokens and the same
+    logits as through the rule's mask, for both decoders, with shared prefixes and refilled rows."""
+    rng = random.Random(7)
+    requests = category_requests(rng, 4)
+    config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
+    fast = make_decoder(decoder_name, models[arch], tokenizer, config)
+    slow = make_decoder(decoder_name, models[arch], tokenizer, config)
+    slow.runner.causal_ok = False
+    assert fast.runner.causal_ok
+    seen = []
+    forward = fast.runner.body.forward
+    fast.runner.body.forward = lambda *a, **k: seen.append("causal_width" in k) or forward(*a, **k)
+    if decoder_name == "hpd":
+        layouts = fast.prepare(requests)
+        forced = [[[rng.randrange(3, 200) for _ in range(rng.randint(1, 5))] for _ in range(lay.num_slots)]
+                  for lay in layouts]  # fmt: skip
+        got, expected = fast.decode_batch(requests, layouts, None, forced), slow.decode_batch(requests, layouts, None, forced)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a.extra["step_logits"], b.extra["step_logits"], atol=2e-5, rtol=0)
+    else:
+        got, expected = fast.decode(requests), slow.decode(requests)
+    assert [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in got] == \
+           [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in expected]
+    assert [r.values for r in got] == [r.values for r in expected]
+    assert any(seen) and not all(seen)  # prefix and prefill forwards causal, steps masked
+
+
 def test_prefix_store_keeps_the_most_recently_used():
     from hpd_core.kvcache import Prefix, PrefixStore
 
