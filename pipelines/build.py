@@ -48,7 +48,13 @@ class ResourceConfig:
     index: the id index's tasks (ids held per task, CPUs per task).
     prepare_tasks: prepare tasks at a time (default: one per extract actor, which keeps each fed);
         a cap, so that memory does not grow with the number of shards.
+    write_tasks: write tasks at a time (default: one per extract actor; a chunk's write takes a
+        small part of its extraction). Each task runs in its own worker process, so the cap bounds
+        the processes (and their memory) the writes hold.
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
+    block_bytes: Ray Data's target block size. A chunk is one row of up to ``chunk_bytes``; Ray's
+        default (128 MiB) makes each prepare task buffer many chunks before it hands them on, so a
+        task's memory grows with its shard's size. Small blocks pass chunks on nearly one by one.
     """
 
     io_cpus: float = 0.25
@@ -57,13 +63,15 @@ class ResourceConfig:
     max_actors: int | None = None
     index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
     prepare_tasks: int | None = None
+    write_tasks: int | None = None
     tasks_in_flight_per_actor: int = 2
+    block_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
-        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
+        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus", "block_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_actors", "prepare_tasks"):
+        for name in ("max_actors", "prepare_tasks", "write_tasks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -137,6 +145,7 @@ def build_dataset(
         batch_format="pyarrow",
         fn_kwargs={"output": output},
         num_cpus=resources.io_cpus,
+        compute=ray.data.TaskPoolStrategy(size=resources.write_tasks or sizing.actors),
     )
 
 
@@ -175,6 +184,11 @@ def allow_slow_chunks() -> None:
     context = ray.data.DataContext.get_current()
     if hasattr(context, "execution_no_progress_timeout_s"):
         context.execution_no_progress_timeout_s = -1
+
+
+def use_block_size(block_bytes: int) -> None:
+    """Ray Data's target block size for the datasets this driver builds (see ResourceConfig)."""
+    ray.data.DataContext.get_current().target_max_block_size = block_bytes
 
 
 def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputConfig, skip_existing: str | None) -> dict:
@@ -230,6 +244,7 @@ def run_job(
     a corrected command starts afresh. Progress goes to ``stream`` (default stderr)."""
     started = time.time()
     allow_slow_chunks()
+    use_block_size(resources.block_bytes)
     resumed = commit.claim_output(output.uri, output.run_id, arguments)
     try:
         return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,

@@ -67,9 +67,10 @@ def kind(process: psutil.Process, root: psutil.Process) -> str:
     return name[:40]
 
 
-def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float], kinds: dict[str, int] | None = None) -> int:
+def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float], kinds: dict[str, int] | None = None,
+                processes: list | None = None) -> int:
     """The summed PSS of the process tree now; updates each process's CPU time seen so far and, in
-    ``kinds``, the PSS now by kind of process."""
+    ``kinds``, the PSS now by kind of process (in ``processes``, (PSS, kind, pid) of each)."""
     total = 0
     for process in [root, *root.children(recursive=True)]:
         try:
@@ -78,6 +79,8 @@ def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float], kinds: dict
             if kinds is not None:
                 key = kind(process, root)
                 kinds[key] = kinds.get(key, 0) + pss
+            if processes is not None:
+                processes.append((pss, kind(process, root), process.pid))
             times = process.cpu_times()
             cpu_seconds[process.pid] = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -105,12 +108,13 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
     log = open(work / f"log-{rows}.txt", "wb")
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    root, peak, samples, cpu_seconds, at_peak = psutil.Process(driver.pid), 0, 0, {}, {}
+    root, peak, samples, cpu_seconds, at_peak, largest = psutil.Process(driver.pid), 0, 0, {}, {}, []
     while driver.poll() is None:
         kinds: dict[str, int] = {}
-        total = sample_tree(root, cpu_seconds, kinds)
+        processes: list = []
+        total = sample_tree(root, cpu_seconds, kinds, processes)
         if total > peak:
-            peak, at_peak = total, kinds
+            peak, at_peak, largest = total, kinds, sorted(processes, reverse=True)[:8]
         samples += 1
         time.sleep(SAMPLE_SECONDS)
     wall = time.time() - started
@@ -123,7 +127,9 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
             "cpu_seconds": round(cpu, 1), "products_per_cpu_second": round(report["products_out"] / cpu, 1),
             "load_average_1min": round(os.getloadavg()[0], 1),
             "peak_pss_mib": round(peak / 2**20), "pss_samples": samples,
-            "peak_pss_mib_by_process": {k: round(v / 2**20) for k, v in sorted(at_peak.items(), key=lambda kv: -kv[1])}, "rejected_by_stage": report["rejected_by_stage"],
+            "peak_pss_mib_by_process": {k: round(v / 2**20) for k, v in sorted(at_peak.items(), key=lambda kv: -kv[1])},
+            "largest_processes_at_peak": [{"kind": k, "pid": pid, "pss_mib": round(pss / 2**20)} for pss, k, pid in largest],
+            "rejected_by_stage": report["rejected_by_stage"],
             "duplicates_checked": check_duplicates(output, rows, report)}
 
 

@@ -44,6 +44,12 @@ def test_cpu_actors_share_all_cores_for_torch_threads():
     assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig()).threads is None  # torch's default
 
 
+@pytest.mark.parametrize("field", ["write_tasks", "prepare_tasks", "block_bytes"])
+def test_task_caps_and_block_size_must_be_positive(field):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        ResourceConfig(**{field: 0})
+
+
 def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     config = from_args(parse("--output", tmp_path / "out"))
     assert config.prepare.stacking.docs_per_prompt == 4 and config.extract.decode.max_value_tokens == 30
