@@ -17,8 +17,8 @@ layer's own window, ``masks.for_layers``), built once per forward for all layers
 caller marks ``causal`` (a prefill: each row's entries up to its last query are present, in
 strictly increasing positions, generation 0) is the rule's special case "an entry is seen iff its
 index is at most the query's"; with the engine's packed SDPA and full-attention layers it runs as
-SDPA's causal attention, with no mask (tests/hpd_core/test_runner.py: the same as the masked path). Only the hidden
-states asked for go through the LM head.
+SDPA's causal attention, with no mask (tests/hpd_core/test_session.py: the same as the masked
+path). Only the hidden states asked for go through the LM head.
 """
 
 from __future__ import annotations
