@@ -52,9 +52,6 @@ class ResourceConfig:
         small part of its extraction). Each task runs in its own worker process, so the cap bounds
         the processes (and their memory) the writes hold.
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
-    block_bytes: Ray Data's target block size. A chunk is one row of up to ``chunk_bytes``; Ray's
-        default (128 MiB) makes each prepare task buffer many chunks before it hands them on, so a
-        task's memory grows with its shard's size. Small blocks pass chunks on nearly one by one.
     """
 
     io_cpus: float = 0.25
@@ -65,10 +62,9 @@ class ResourceConfig:
     prepare_tasks: int | None = None
     write_tasks: int | None = None
     tasks_in_flight_per_actor: int = 2
-    block_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
-        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus", "block_bytes"):
+        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("max_actors", "prepare_tasks", "write_tasks"):
@@ -115,7 +111,11 @@ def build_dataset(
     resources: ResourceConfig,
     counter=None,
 ) -> ray.data.Dataset:
-    """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows)."""
+    """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows).
+
+    Every chunk is its own Ray Data block (``one_block_per_chunk``), so the actor pool takes chunks
+    one by one, whichever actor is free, and no task buffers more than the chunk in hand.
+    """
     ds = ray.data.from_items(shards, override_num_blocks=len(shards))
     ds = ds.map_batches(
         prepare_shards,
@@ -125,9 +125,6 @@ def build_dataset(
         num_cpus=resources.io_cpus,
         compute=ray.data.TaskPoolStrategy(size=resources.prepare_tasks or sizing.actors),
     )
-    # A generator's outputs are buffered into blocks of up to 128 MiB: split them back so that each
-    # chunk is its own block, scheduled on its own to whichever actor is free (streaming, no shuffle).
-    ds = ds.repartition(target_num_rows_per_block=1)
     ds = ds.map_batches(
         ExtractStage,
         batch_size=1,
@@ -186,9 +183,17 @@ def allow_slow_chunks() -> None:
         context.execution_no_progress_timeout_s = -1
 
 
-def use_block_size(block_bytes: int) -> None:
-    """Ray Data's target block size for the datasets this driver builds (see ResourceConfig)."""
-    ray.data.DataContext.get_current().target_max_block_size = block_bytes
+def one_block_per_chunk() -> None:
+    """Close a Ray Data block after every row the stages yield: a row is a whole chunk (up to
+    ``chunk_bytes``), so each chunk travels as its own block.
+
+    Ray's default target (128 MiB) makes a prepare task buffer many chunks before it hands them
+    on, so its memory grows with its shard. Splitting them afterwards (``repartition``) adds an
+    operator whose tasks each reserve a whole CPU: on a 2-core machine beside a 1-CPU extract
+    actor they ran only while no prepare task did, and a 10M-row run with 4 MiB blocks stalled
+    after its first shard, its second prepare task idle with its outputs unread.
+    """
+    ray.data.DataContext.get_current().target_max_block_size = 1
 
 
 def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputConfig, skip_existing: str | None) -> dict:
@@ -244,7 +249,7 @@ def run_job(
     a corrected command starts afresh. Progress goes to ``stream`` (default stderr)."""
     started = time.time()
     allow_slow_chunks()
-    use_block_size(resources.block_bytes)
+    one_block_per_chunk()
     resumed = commit.claim_output(output.uri, output.run_id, arguments)
     try:
         return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,
