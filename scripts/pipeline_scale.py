@@ -67,25 +67,25 @@ def kind(process: psutil.Process, root: psutil.Process) -> str:
     return name[:40]
 
 
-def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float], kinds: dict[str, int] | None = None,
-                processes: list | None = None) -> int:
-    """The summed PSS of the process tree now; updates each process's CPU time seen so far and, in
-    ``kinds``, the PSS now by kind of process (in ``processes``, (PSS, kind, pid) of each)."""
-    total = 0
+def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float]) -> list[tuple[int, str, int]]:
+    """(PSS, kind, pid) of each process of the tree now; updates each one's CPU time seen so far."""
+    processes = []
     for process in [root, *root.children(recursive=True)]:
         try:
-            pss = process.memory_full_info().pss
-            total += pss
-            if kinds is not None:
-                key = kind(process, root)
-                kinds[key] = kinds.get(key, 0) + pss
-            if processes is not None:
-                processes.append((pss, kind(process, root), process.pid))
+            processes.append((process.memory_full_info().pss, kind(process, root), process.pid))
             times = process.cpu_times()
             cpu_seconds[process.pid] = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return total
+    return processes
+
+
+def by_kind(processes: list[tuple[int, str, int]]) -> dict[str, int]:
+    """The summed PSS of each kind of process, largest first."""
+    kinds: dict[str, int] = {}
+    for pss, key, _ in processes:
+        kinds[key] = kinds.get(key, 0) + pss
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def machine() -> dict:
@@ -108,13 +108,12 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
     log = open(work / f"log-{rows}.txt", "wb")
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    root, peak, samples, cpu_seconds, at_peak, largest = psutil.Process(driver.pid), 0, 0, {}, {}, []
+    root, peak, samples, cpu_seconds, at_peak = psutil.Process(driver.pid), 0, 0, {}, []
     while driver.poll() is None:
-        kinds: dict[str, int] = {}
-        processes: list = []
-        total = sample_tree(root, cpu_seconds, kinds, processes)
+        processes = sample_tree(root, cpu_seconds)
+        total = sum(pss for pss, _, _ in processes)
         if total > peak:
-            peak, at_peak, largest = total, kinds, sorted(processes, reverse=True)[:8]
+            peak, at_peak = total, processes
         samples += 1
         time.sleep(SAMPLE_SECONDS)
     wall = time.time() - started
@@ -127,8 +126,9 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
             "cpu_seconds": round(cpu, 1), "products_per_cpu_second": round(report["products_out"] / cpu, 1),
             "load_average_1min": round(os.getloadavg()[0], 1),
             "peak_pss_mib": round(peak / 2**20), "pss_samples": samples,
-            "peak_pss_mib_by_process": {k: round(v / 2**20) for k, v in sorted(at_peak.items(), key=lambda kv: -kv[1])},
-            "largest_processes_at_peak": [{"kind": k, "pid": pid, "pss_mib": round(pss / 2**20)} for pss, k, pid in largest],
+            "peak_pss_mib_by_process": {k: round(v / 2**20) for k, v in by_kind(at_peak).items()},
+            "largest_processes_at_peak": [{"kind": k, "pid": pid, "pss_mib": round(pss / 2**20)}
+                                          for pss, k, pid in sorted(at_peak, reverse=True)[:8]],
             "rejected_by_stage": report["rejected_by_stage"],
             "duplicates_checked": check_duplicates(output, rows, report)}
 
