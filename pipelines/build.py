@@ -52,6 +52,13 @@ class ResourceConfig:
         small part of its extraction). Each task runs in its own worker process, so the cap bounds
         the processes (and their memory) the writes hold.
     tasks_in_flight_per_actor: chunks queued at each actor so the next is ready when one ends.
+    store_chunks_per_actor: how many chunks (of up to ``chunk_bytes`` of input each, counted twice:
+        a prepared chunk carries its records and their parsed fields) the job may hold in Ray's
+        object store per extract actor, across all stages (see ``bound_object_store``).
+    writes_per_worker: write tasks one worker process runs before Ray replaces it. A Ray worker's
+        memory only grows (its heap, and the object store pages it has touched), so long runs
+        recycle the processes of the task stages; a prepare task (a whole shard) always gets a
+        fresh one.
     """
 
     io_cpus: float = 0.25
@@ -62,6 +69,8 @@ class ResourceConfig:
     prepare_tasks: int | None = None
     write_tasks: int | None = None
     tasks_in_flight_per_actor: int = 2
+    store_chunks_per_actor: int = 8
+    writes_per_worker: int = 256
 
     def __post_init__(self) -> None:
         for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
@@ -71,8 +80,13 @@ class ResourceConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.tasks_in_flight_per_actor < 1:
-            raise ValueError(f"tasks_in_flight_per_actor must be >= 1, got {self.tasks_in_flight_per_actor}")
+        for name in ("tasks_in_flight_per_actor", "store_chunks_per_actor", "writes_per_worker"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+
+    def object_store_bytes(self, actors: int, chunk_bytes: int) -> int:
+        """The cap on the object store memory the job's chunks hold at once (``bound_object_store``)."""
+        return actors * self.store_chunks_per_actor * 2 * chunk_bytes
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,7 @@ def build_dataset(
         fn_kwargs={"config": prepare},
         num_cpus=resources.io_cpus,
         compute=ray.data.TaskPoolStrategy(size=resources.prepare_tasks or sizing.actors),
+        max_calls=1,
     )
     ds = ds.map_batches(
         ExtractStage,
@@ -143,6 +158,7 @@ def build_dataset(
         fn_kwargs={"output": output},
         num_cpus=resources.io_cpus,
         compute=ray.data.TaskPoolStrategy(size=resources.write_tasks or sizing.actors),
+        max_calls=resources.writes_per_worker,
     )
 
 
@@ -194,6 +210,21 @@ def one_block_per_chunk() -> None:
     after its first shard, its second prepare task idle with its outputs unread.
     """
     ray.data.DataContext.get_current().target_max_block_size = 1
+
+
+def bound_object_store(limit_bytes: int) -> None:
+    """Let the job's chunks hold at most ``limit_bytes`` of Ray's object store at once.
+
+    Ray Data's default budget is half the object store (30% of a node's memory), and a prepare task
+    reads its shard as fast as it can: over a long run it gets far ahead of the extract actors and
+    the chunks waiting for them fill that budget. The pages of the object store's shared memory a
+    process has touched stay in its memory (Ray never returns them), so the job's memory grew with
+    the length of the run (10M rows: +0.35 MiB per chunk read ahead). A budget of a few chunks per
+    actor keeps every actor fed and the memory flat.
+    """
+    context = ray.data.DataContext.get_current()
+    context.execution_options.resource_limits = context.execution_options.resource_limits.copy(
+        object_store_memory=limit_bytes)
 
 
 def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputConfig, skip_existing: str | None) -> dict:
@@ -274,6 +305,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         if not state.complete(shard.shard_id)
     ]
     sizing = size_actors(ray.cluster_resources(), resources)
+    bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
              len(shards), len(state.manifests), sizing.actors, sizing.device)
     attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)

@@ -80,6 +80,43 @@ def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float]) -> list[tup
     return processes
 
 
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """Pss split by where the pages live (anonymous heap, shared memory such as Ray's object store,
+    mapped files), in bytes, from /proc/PID/smaps_rollup; empty where it cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("Pss_Anon", "Pss_Shmem", "Pss_File"):
+            fields[name] = int(rest.split()[0]) * 1024
+    return fields
+
+
+def trace_line(elapsed: float, processes: list[tuple[int, str, int]], output: Path) -> dict:
+    """One line of ``--trace``: the whole tree's PSS split into anonymous memory, shared memory (Ray's
+    object store) and mapped files, the same split per kind of process (MiB), and the chunks
+    committed so far."""
+    split, kinds = {"Pss_Anon": 0, "Pss_Shmem": 0, "Pss_File": 0}, {}
+    for pss, key, pid in processes:
+        fields = smaps_rollup(pid)
+        entry = kinds.setdefault(key, [0, 0, 0])
+        entry[0] += pss
+        entry[1] += fields.get("Pss_Anon", 0)
+        entry[2] += fields.get("Pss_Shmem", 0)
+        for name, value in fields.items():
+            split[name] += value
+    committed = sum(1 for _ in (output / "_commits").rglob("*.json")) if (output / "_commits").exists() else 0
+    mib = lambda value: round(value / 2**20)  # noqa: E731
+    return {"t": round(elapsed), "chunks_committed": committed,
+            "total_mib": mib(sum(pss for pss, _, _ in processes)),
+            **{name.lower(): mib(value) for name, value in split.items()},
+            "by_kind_pss_anon_shmem": {k: [mib(v) for v in entry] for k, entry in
+                                       sorted(kinds.items(), key=lambda kv: -kv[1][0]) if entry[0] >= 20 << 20}}
+
+
 def by_kind(processes: list[tuple[int, str, int]]) -> dict[str, int]:
     """The summed PSS of each kind of process, largest first."""
     kinds: dict[str, int] = {}
@@ -95,7 +132,7 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def run_one(work: Path, rows: int, extra: list[str]) -> dict:
+def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -> dict:
     source = work / f"records-{rows}.jsonl"
     if not source.exists():
         write_records(source, rows)
@@ -109,12 +146,17 @@ def run_one(work: Path, rows: int, extra: list[str]) -> dict:
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     root, peak, samples, cpu_seconds, at_peak = psutil.Process(driver.pid), 0, 0, {}, []
+    trace, traced = (open(work / f"trace-{rows}.jsonl", "w") if trace_seconds else None), -trace_seconds
     while driver.poll() is None:
         processes = sample_tree(root, cpu_seconds)
         total = sum(pss for pss, _, _ in processes)
         if total > peak:
             peak, at_peak = total, processes
         samples += 1
+        if trace and time.time() - started - traced >= trace_seconds:
+            traced = time.time() - started
+            trace.write(json.dumps(trace_line(traced, processes, output)) + "\n")
+            trace.flush()
         time.sleep(SAMPLE_SECONDS)
     wall = time.time() - started
     cpu = sum(cpu_seconds.values())  # up to the last sample of each process
@@ -183,13 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hpd-pipeline-scale",
                         help="inputs and outputs (about 1.5 GB at 10M rows; inputs are kept and reused)")
     parser.add_argument("--note", default="", help="a line about the machine or the run, for scale.md")
+    parser.add_argument("--trace", type=float, default=0, metavar="SECONDS",
+                        help="also write WORK/trace-ROWS.jsonl: memory by kind of process (and anonymous against "
+                             "shared memory) every SECONDS, to see what grows with the rows")
     parser.add_argument("extra", nargs="*", help="more `hpd extract` arguments (after --)")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for rows in args.rows:
-        runs.append(run_one(args.work, rows, args.extra))
+        runs.append(run_one(args.work, rows, args.extra, args.trace))
         print(json.dumps(runs[-1]), flush=True)
     result = {"machine": machine(), "note": args.note, "runs": runs,
               "command": " ".join(["python scripts/pipeline_scale.py", *(argv if argv is not None else sys.argv[1:])])}

@@ -44,10 +44,18 @@ def test_cpu_actors_share_all_cores_for_torch_threads():
     assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig()).threads is None  # torch's default
 
 
-@pytest.mark.parametrize("field", ["write_tasks", "prepare_tasks"])
+@pytest.mark.parametrize("field", ["write_tasks", "prepare_tasks", "store_chunks_per_actor", "writes_per_worker",
+                                   "tasks_in_flight_per_actor"])
 def test_task_caps_must_be_positive(field):
     with pytest.raises(ValueError, match=f"^{field} must be"):
         ResourceConfig(**{field: 0})
+
+
+def test_object_store_budget_is_a_few_chunks_per_actor():
+    # 8 chunks of up to 16 MiB input, counted twice (records + parsed fields), per extract actor
+    assert ResourceConfig().object_store_bytes(actors=1, chunk_bytes=16 << 20) == 256 << 20
+    assert ResourceConfig().object_store_bytes(actors=8, chunk_bytes=16 << 20) == 2 << 30
+    assert ResourceConfig(store_chunks_per_actor=2).object_store_bytes(actors=1, chunk_bytes=1 << 20) == 4 << 20
 
 
 def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
