@@ -76,13 +76,11 @@ class ResourceConfig:
         for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_actors", "prepare_tasks", "write_tasks"):
+        optional = ("max_actors", "prepare_tasks", "write_tasks")  # None: sized from the cluster
+        for name in (*optional, "tasks_in_flight_per_actor", "store_chunks_per_actor", "writes_per_worker"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if not (value is None and name in optional) and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("tasks_in_flight_per_actor", "store_chunks_per_actor", "writes_per_worker"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
 
     def object_store_bytes(self, actors: int, chunk_bytes: int) -> int:
         """The cap on the object store memory the job's chunks hold at once (``bound_object_store``)."""
@@ -219,7 +217,7 @@ def bound_object_store(limit_bytes: int) -> None:
     reads its shard as fast as it can: over a long run it gets far ahead of the extract actors and
     the chunks waiting for them fill that budget. The pages of the object store's shared memory a
     process has touched stay in its memory (Ray never returns them), so the job's memory grew with
-    the length of the run (10M rows: +0.35 MiB per chunk read ahead). A budget of a few chunks per
+    the length of the run (+0.35 MiB per chunk read ahead, measured at 1M rows). A budget of a few chunks per
     actor keeps every actor fed and the memory flat.
     """
     context = ray.data.DataContext.get_current()
