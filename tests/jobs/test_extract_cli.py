@@ -237,7 +237,9 @@ def test_stderr_filter_drops_rays_harmless_notice_and_keeps_the_rest():
 
 
 def test_ctrl_c_stops_without_a_traceback_and_the_run_resumes(ray_cluster, tmp_path):
-    records = [dict(r, product_id=f"x{i}") for i, r in enumerate(sample_records() * 2)]
+    # 30 chunks of about 0.8 s each: the interrupt comes after the second commit, and a loaded machine
+    # has been seen to start the first write task several chunks late (10 chunks left no margin).
+    records = [dict(r, product_id=f"x{i}") for i, r in enumerate(sample_records() * 6)]
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl(records))
     output = str(tmp_path / "out")
