@@ -56,25 +56,31 @@ def write_records(path: Path, rows: int) -> None:
             out.write("\n".join(lines) + "\n")
 
 
-def kind(process: psutil.Process, root: psutil.Process) -> str:
+def kind(process: psutil.Process, root: psutil.Process, detail: bool = False) -> str:
     """What a process of the tree is, for the memory breakdown: the driver, a Ray actor or task by its
-    name (``ray::ExtractStage``), or the executable (``raylet``, ``gcs_server``, ...)."""
+    name (``ray::ExtractStage``; with ``detail``, also the function a Ray Data task runs:
+    ``ray::MapBatches(prepare_shards)``), or the executable (``raylet``, ``gcs_server``, ...)."""
     if process.pid == root.pid:
         return "driver"
-    name = process.name()
+    name = process.name() if not detail else " ".join(process.cmdline()[:1]) or process.name()
     if name.startswith("ray::"):
-        return name.split("(")[0].split(".")[0][:40]
+        return (name.split(")")[0] + ")" if detail and "(" in name else name.split("(")[0].split(".")[0])[:60]
     return name[:40]
 
 
-def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float]) -> list[tuple[int, str, int]]:
-    """(PSS, kind, pid) of each process of the tree now; updates each one's CPU time seen so far."""
+def sample_tree(root: psutil.Process, cpu_seconds: dict[int, float], cpu_by_kind: dict[str, float]) -> list[tuple[int, str, int]]:
+    """(PSS, kind, pid) of each process of the tree now. Updates each one's CPU time seen so far, and
+    adds the CPU time each used since the last sample to what it is now (a Ray worker changes kind
+    from task to task: ``ray::IDLE``, ``ray::MapBatches(write_chunk)``, ...)."""
     processes = []
     for process in [root, *root.children(recursive=True)]:
         try:
             processes.append((process.memory_full_info().pss, kind(process, root), process.pid))
             times = process.cpu_times()
-            cpu_seconds[process.pid] = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
+            seen = max(cpu_seconds.get(process.pid, 0.0), times.user + times.system)
+            detail = kind(process, root, detail=True)
+            cpu_by_kind[detail] = cpu_by_kind.get(detail, 0.0) + seen - cpu_seconds.get(process.pid, 0.0)
+            cpu_seconds[process.pid] = seen
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return processes
@@ -145,10 +151,10 @@ def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -
     log = open(work / f"log-{rows}.txt", "wb")
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    root, peak, samples, cpu_seconds, at_peak = psutil.Process(driver.pid), 0, 0, {}, []
+    root, peak, samples, cpu_seconds, cpu_by_kind, at_peak = psutil.Process(driver.pid), 0, 0, {}, {}, []
     trace, traced = (open(work / f"trace-{rows}.jsonl", "w") if trace_seconds else None), -trace_seconds
     while driver.poll() is None:
-        processes = sample_tree(root, cpu_seconds)
+        processes = sample_tree(root, cpu_seconds, cpu_by_kind)
         total = sum(pss for pss, _, _ in processes)
         if total > peak:
             peak, at_peak = total, processes
@@ -166,6 +172,8 @@ def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -
     return {"rows": rows, "wall_seconds": round(wall, 1), "job_wall_seconds": report["wall_seconds"],
             "products_out": report["products_out"], "products_per_second": round(report["products_out"] / wall, 1),
             "cpu_seconds": round(cpu, 1), "products_per_cpu_second": round(report["products_out"] / cpu, 1),
+            "cpu_seconds_by_process": {k: round(v, 1) for k, v in sorted(cpu_by_kind.items(), key=lambda kv: -kv[1])
+                                       if v >= 1},
             "load_average_1min": round(os.getloadavg()[0], 1),
             "peak_pss_mib": round(peak / 2**20), "pss_samples": samples,
             "peak_pss_mib_by_process": {k: round(v / 2**20) for k, v in by_kind(at_peak).items()},
