@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,11 +37,17 @@ def run_extract(argv: list[str]) -> int:
     return main(["extract", *map(str, argv)])
 
 
-def start_extract(argv: list[str], address: str, env: dict | None = None) -> subprocess.Popen:
-    """`hpd extract` as a separate driver process joined to the session's Ray."""
+def start_extract(argv: list[str], address: str, env: dict | None = None, ctrl_c: bool = False) -> subprocess.Popen:
+    """`hpd extract` as a separate driver process joined to the session's Ray.
+
+    ``ctrl_c``: the driver takes SIGINT as a terminal's Ctrl-C, even when the tests themselves were
+    started in the background of a shell, which starts them with SIGINT ignored (children inherit
+    that, and Python then never raises KeyboardInterrupt).
+    """
     command = [sys.executable, "-m", "jobs.cli", "extract", *argv, "--address", address]
+    restore = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None
     return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=restore)
 
 
 def read_attributes(output_uri: str) -> pa.Table:
