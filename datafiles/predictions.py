@@ -1,9 +1,9 @@
-"""Reading the output of `hpd extract`: ``URI/attributes/``, hive-partitioned Parquet rows
-``{product_id, category, attribute, value, truncated, ...}``, local or on S3.
+"""Reading the output of `hpd extract`: ``URI/attributes/category=<escaped>/*.parquet``, Hive-partitioned
+rows ``{product_id, attribute, value, truncated, ...}``, local or on S3.
 
-Each file is read on its own (``partitioning=None``), so the ``category`` column stored in the
-files is never shadowed by the path-safe ``category=<escaped>`` directory; when a file has no
-``category`` column the directory value (URL-unquoted) stands in.
+Each file is read on its own (``partitioning=None``); its category is the URL-unquoted value of its
+``category=`` directory, or the file's own ``category`` column where it has one (outputs written
+before 2026-11-24, and hand-made prediction files).
 """
 
 from __future__ import annotations

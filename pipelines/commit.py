@@ -1,7 +1,8 @@
 """Exactly-once output: the layout under ``--output``, chunk writes, commit markers, resume scans.
 
 ```
-attributes/category=<path-safe>/<chunk>.parquet   one row per (product, attribute)
+attributes/category=<path-safe>/<chunk>.parquet   one row per (product, attribute); the category is
+                                                  the directory only (Hive convention), not a column
 rejected/<chunk>.parquet                          original record as JSON, reason, stage, run_id
 _commits/<shard>/<index>.json                     chunk manifest: counters + product ids; the commit
 _commits/<shard>/_chunks-<n>.json                 the shard was read to the end and has n chunks
@@ -167,7 +168,9 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
             uri = attributes_uri(output.uri, category, row["chunk"])
             part = attributes.filter(pc.equal(attributes[PARTITION_COLUMN], category))
             if part.num_rows:
-                io.write_parquet(uri, part)
+                # The directory carries the category (Hive convention): a column of the same name
+                # makes readers that infer partitions (pandas, pyarrow.parquet) refuse the folder.
+                io.write_parquet(uri, part.drop_columns([PARTITION_COLUMN]))
             else:
                 io.delete_if_exists(uri)
         if rejected.num_rows:

@@ -7,8 +7,8 @@ Two sources of target values, always joined to a records file by ``product_id``:
   ``target_scores[attribute]`` (stripped); ``"n/a"`` and attributes absent from ``target_scores``
   (OA-Mine leaves them out) are null.
 - a teacher (distillation): the output directory of another ``hpd extract`` run, whose
-  ``attributes/`` holds hive-partitioned Parquet rows ``{product_id, category, attribute, value,
-  truncated, ...}``. Products the teacher did not answer are skipped; so are products with any
+  ``attributes/category=<escaped>/`` holds Parquet rows ``{product_id, attribute, value, truncated,
+  ...}`` (categories come from the records). Products the teacher did not answer are skipped; so are products with any
   truncated teacher value (a cut value is not a target). A schema attribute with no teacher row
   counts as null and is reported.
 

@@ -50,9 +50,14 @@ def start_extract(argv: list[str], address: str, env: dict | None = None, ctrl_c
                             stderr=subprocess.STDOUT, preexec_fn=restore)
 
 
+CATEGORY_PARTITION = pads.partitioning(pa.schema([("category", pa.string())]), flavor="hive")
+
+
 def read_attributes(output_uri: str) -> pa.Table:
+    """The attribute rows, with ``category`` from the partition directories read as strings (as the
+    README says: inferring their type would read a category "007" as the number 7)."""
     fs, path = io.filesystem(io.join(output_uri, "attributes"))
-    dataset = pads.dataset(path, filesystem=fs, format="parquet", partitioning="hive")
+    dataset = pads.dataset(path, filesystem=fs, format="parquet", partitioning=CATEGORY_PARTITION)
     return dataset.to_table()
 
 

@@ -12,6 +12,7 @@ from pipelines import io
 from pipelines.schema import partition_value
 
 from .helpers import (
+    CATEGORY_PARTITION,
     SAMPLE_ATTRIBUTES,
     commits,
     extract_args,
@@ -25,6 +26,7 @@ from .helpers import (
 )
 
 UNSAFE = ["../../etc", "a/b", "."]
+ODD = ["007", "Ünï cödé 50%"]  # a number to a reader that infers partition types; non-ASCII and %
 
 
 def _parquet_bytes(records):
@@ -38,12 +40,12 @@ def s3_job(ray_cluster, s3_server, tmp_path_factory):
     """One job: an S3 prefix of JSONL + Parquet + junk, with every kind of bad row, to S3."""
     bucket = s3_server.make_bucket("job")
     schema = json.loads(SAMPLE_ATTRIBUTES.read_text())
-    schema.update({"../../etc": ["Brand"], "a/b": ["Color", "Size"], ".": ["Brand"]})
+    schema.update({"../../etc": ["Brand"], "a/b": ["Color", "Size"], ".": ["Brand"], "007": ["Brand"], ODD[1]: ["Size"]})
     attributes = tmp_path_factory.mktemp("job") / "attributes.json"
     attributes.write_text(json.dumps(schema))
     sample = sample_records()
     good = sample + [
-        {"product_id": f"unsafe-{i}", "category": c, "title": f"thing {i}"} for i, c in enumerate(UNSAFE)
+        {"product_id": f"unsafe-{i}", "category": c, "title": f"thing {i}"} for i, c in enumerate(UNSAFE + ODD)
     ] + [{"product_id": "long", "category": "Tea", "title": "Tea", "description": "d" * 1000}]
     bad_json = [
         ({"product_id": "", "category": "Tea", "title": "x"}, "empty product_id"),
@@ -90,7 +92,7 @@ def test_every_row_ends_in_exactly_one_place(s3_job):
     assert set(by_product) == set(expected) and len(by_product) == result["products_out"]
     for product_id, rows in by_product.items():
         category = expected[product_id]["category"]
-        assert [r["category"] for r in rows] == [category] * len(rows)  # original value, not the path
+        assert [r["category"] for r in rows] == [category] * len(rows)  # the path decodes to the original
         assert sorted(r["attribute"] for r in rows) == sorted(s3_job["schema"][category])
         assert {(r["decoder"], r["model"], r["run_id"]) for r in rows} == {("dry-run", "none", result["run_id"])}
         assert all(r["value"] is None for r in rows)
@@ -128,6 +130,22 @@ def test_partitions_are_path_safe_and_stay_under_the_output(s3_job, s3_server):
         assert directory.startswith("category=") and value not in (".", "..") and "." not in value
     assert {f"category={partition_value(c)}" for c in UNSAFE} <= partitions
     assert "category=%2E%2E%2F%2E%2E%2Fetc" in partitions
+
+
+def test_the_output_reads_as_one_table_with_pandas_and_pyarrow(s3_job):
+    """What a user does first: read the whole attributes/ folder. Files that also held a category
+    column made pandas and pyarrow.parquet refuse it (string column vs dictionary partition)."""
+    import pandas as pd
+
+    fs, path = io.filesystem(io.join(s3_job["output"], "attributes"))
+    expected = sorted((r["product_id"], r["category"], r["attribute"]) for r in read_attributes(s3_job["output"]).to_pylist())
+    assert {c for _, c, _ in expected} >= set(UNSAFE + ODD)
+    inferred = pq.read_table(path, filesystem=fs).to_pylist()  # partition type inferred (strings here)
+    assert sorted((r["product_id"], r["category"], r["attribute"]) for r in inferred) == expected
+    frame = pd.read_parquet(path, filesystem=fs)
+    assert sorted(zip(frame["product_id"], frame["category"].astype(str), frame["attribute"])) == expected
+    typed = pd.read_parquet(path, filesystem=fs, partitioning=CATEGORY_PARTITION)  # as the README shows
+    assert sorted(zip(typed["product_id"], typed["category"], typed["attribute"])) == expected
 
 
 def test_report_fields(s3_job):
