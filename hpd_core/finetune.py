@@ -14,7 +14,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,6 +246,7 @@ def train(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     stop_after_steps: int | None = None,
+    on_epoch_end: Callable[[int, TrainReport], None] | None = None,
 ) -> TrainReport:
     """Fine-tune ``model`` (already passed through ``prepare_model``) in place; return the report.
 
@@ -253,6 +254,8 @@ def train(
     ``config.checkpoint_minutes`` and at each epoch's end (checkpoint.py); ``resume`` continues
     from it. ``stop_after_steps`` ends the run after that many optimizer steps, checkpointed, as an
     interruption would (tests; a resumed run then finishes the same schedule).
+    ``on_epoch_end(n, report)`` runs after epoch ``n`` (1-based) is validated and checkpointed, with
+    the model in that epoch's state (e.g. to save each epoch's adapter for selection on validation).
     """
     if not train_products:
         raise ValueError("no training products: check the training data and --val-fraction")
@@ -345,6 +348,8 @@ def train(
         report.val_losses.append(mean_loss(model, tokenizer, val_feats, config.batch_size))
         log.info("epoch %.2f done: val loss %s", report.epochs, _fmt(report.val_losses[-1]))
         save_state(epoch + 1, 0, rng.getstate())
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, report)
     model.eval()
     return report
 

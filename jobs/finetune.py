@@ -30,6 +30,7 @@ from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_MODEL, DTYPES
 from pipelines.stacking import StackingConfig
 
 CONFIG_FILE = "training_config.json"
+EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
 DEFAULT_VAL_FRACTION = 0.1
 
 
@@ -82,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
     train.add_argument("--checkpoint-minutes", type=float, help="save the training state this often (default 5) in OUT/checkpoint/")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (same result as an uninterrupted run)")
+    train.add_argument("--save-epochs", action="store_true",
+                       help="also save each epoch's adapter (or model, with --full) in OUT/epoch-N/, to choose on validation")
 
 
 TRAIN_OPTIONS = (
@@ -157,8 +160,15 @@ def run(args: argparse.Namespace) -> int:
                          "or choose another --out")
     if not args.teacher and (validation := write_validation(sources, val_products, args.out)):
         logging.info("validation products (%d) written to %s for hpd extract / evaluate", len(val_products), validation)
+    def save_epoch(epoch: int, so_far: finetune.TrainReport) -> None:
+        folder = args.out / f"epoch-{epoch}"
+        finetune.save(model, tokenizer, folder, config.full)
+        (folder / EPOCH_FILE).write_text(json.dumps({"epoch": epoch, "steps": so_far.steps, "val_loss": so_far.val_losses[-1]}) + "\n")
+        logging.info("epoch %d saved to %s", epoch, folder)
+
     report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config,
-                            checkpoint_dir=checkpoints, resume=args.resume)
+                            checkpoint_dir=checkpoints, resume=args.resume,
+                            on_epoch_end=save_epoch if args.save_epochs else None)
     finetune.save(model, tokenizer, args.out, config.full)
     shutil.rmtree(checkpoints, ignore_errors=True)  # the run is complete: its result is saved
 

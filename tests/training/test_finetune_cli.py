@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main
-from jobs.finetune import CONFIG_FILE, split
+from jobs.finetune import CONFIG_FILE, EPOCH_FILE, split
 from training import data as gold
 
 ATTRIBUTES = {"Shoes": ["Brand", "Color", "Size"], "Food": ["Brand", "Flavor"]}
@@ -121,6 +121,29 @@ def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
     assert "no checkpoint" in capsys.readouterr().err
     model, _ = load_model(ModelConfig(name=str(model_dir), adapter=str(out)))
     assert not any("lora" in name for name, _ in model.named_parameters())  # merged on load
+
+
+def test_save_epochs_keeps_each_epochs_adapter(data_dir, model_dir, tmp_path, capsys):
+    import torch
+
+    from hpd_core.config import ModelConfig
+    from hpd_core.models import load_model
+
+    out = tmp_path / "run"
+    argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
+            "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4", "--epochs", "2",
+            "--val-fraction", "0.34", "--lr", "1e-2", "--save-epochs"]  # fmt: skip
+    assert main(argv) == 0
+    val_losses = json.loads((out / CONFIG_FILE).read_text())["report"]["val_losses"]
+    epochs = [json.loads((out / f"epoch-{n}" / EPOCH_FILE).read_text()) for n in (1, 2)]
+    assert [e["epoch"] for e in epochs] == [1, 2] and [e["val_loss"] for e in epochs] == val_losses[1:]
+    assert epochs[0]["steps"] < epochs[1]["steps"] == json.loads(capsys.readouterr().out.splitlines()[-1])["steps"]
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        final, first, last = (load_model(ModelConfig(name=str(model_dir), adapter=str(a)))[0](input_ids=ids).logits
+                              for a in (out, out / "epoch-1", out / "epoch-2"))
+    torch.testing.assert_close(last, final)  # the last epoch is the run's result
+    assert (first - final).abs().max() > 1e-4  # and the first is the model as it was then
 
 
 def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
