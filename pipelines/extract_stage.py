@@ -123,16 +123,29 @@ class ExtractConfig:
         return ModelConfig(name=local(self.model_uri), adapter=local(self.adapter_uri), dtype=self.dtype, device=device)
 
 
-def load(config: ExtractConfig):
-    """The decoder for this actor (dry-run, or the engine's, on CUDA when Ray gave us a GPU)."""
-    if config.decoder == DRY_RUN:
-        return DryRunDecoder(config.dry_run)
+def actor_device() -> str:
+    """CUDA when Ray gave this actor a GPU, else CPU."""
     import ray
 
+    return "cuda" if ray.get_gpu_ids() else "cpu"
+
+
+def load(config: ExtractConfig):
+    """The decoder for this actor (dry-run, or the engine's, on ``actor_device()``)."""
+    if config.decoder == DRY_RUN:
+        return DryRunDecoder(config.dry_run)
     from hpd_core.decoders import load_decoder  # torch + transformers: once per actor
 
-    device = "cuda" if ray.get_gpu_ids() else "cpu"
-    return load_decoder(config.decoder, config.model_config(device), config.decode)
+    return load_decoder(config.decoder, config.model_config(actor_device()), config.decode)
+
+
+def run_dtype(config: ExtractConfig) -> str | None:
+    """The dtype this actor's model runs in (``--dtype auto`` resolved), None for the dry run."""
+    if config.decoder == DRY_RUN:
+        return None
+    from hpd_core.models import resolve_dtype
+
+    return resolve_dtype(config.dtype, actor_device())
 
 
 def _text_length(request: Request) -> int:
@@ -156,6 +169,7 @@ class ExtractStage:
         self.progress = progress
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self._decoder = None
+        self.dtype: str | None = None  # known once the model is loaded
 
     @property
     def decoder(self):
@@ -169,6 +183,7 @@ class ExtractStage:
 
                 torch.set_num_threads(self.threads)  # CPU actors: see build.size_actors
             self._decoder = load(self.config)
+            self.dtype = run_dtype(self.config)
         return self._decoder
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -306,7 +321,8 @@ class ExtractStage:
                 by_stage[stage] += 1
         skipped = [position for position, row in enumerate(rows) if row["status"] == SKIPPED]
         stats.update(rejected=len(rejected), skipped=len(skipped))
-        summary = dict(stats, decode_seconds=decode_seconds, rejected_by_stage=dict(by_stage), actor=self.actor)
+        summary = dict(stats, decode_seconds=decode_seconds, rejected_by_stage=dict(by_stage), actor=self.actor,
+                       dtype=self.dtype)
         return {
             "chunk": chunk["chunk"],
             "shard": chunk["shard"],

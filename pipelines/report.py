@@ -69,6 +69,7 @@ class Stats:
     decode_seconds: float = 0.0
     chunks: int = 0
     actors: set = field(default_factory=set)
+    dtypes: set = field(default_factory=set)  # what the models ran in (--dtype auto resolved per actor)
 
     def add(self, chunk: dict) -> None:
         for name in COUNTERS:
@@ -78,6 +79,8 @@ class Stats:
         self.chunks += 1
         if chunk.get("actor"):
             self.actors.add(chunk["actor"])
+        if chunk.get("dtype"):
+            self.dtypes.add(chunk["dtype"])
 
     def merged(self, other: Stats) -> Stats:
         return Stats(
@@ -86,6 +89,7 @@ class Stats:
             self.decode_seconds + other.decode_seconds,
             self.chunks + other.chunks,
             self.actors | other.actors,
+            self.dtypes | other.dtypes,
         )
 
 
@@ -135,6 +139,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["usd"] = round(usd, 6)
     report["usd_per_1k_products"] = round(usd / products * 1000, 6) if products else None
     report["extract_actor_processes"] = len(total.actors)
+    report["dtype"] = "+".join(sorted(total.dtypes)) or None  # None: no model ran (dry run, no products)
     report["this_run"] = run
     return report
 
@@ -151,7 +156,8 @@ def render_markdown(report: dict) -> str:
         f"- input: `{report['input']}`  output: `{report['output']}`",
         f"- decoder: `{report['decoder']}`  model: `{report['model']}`"
         + (f" + adapter `{report['adapter']}`  " if report.get("adapter") else "  ")
-        + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}",
+        + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}"
+        + (f"  dtype: {report['dtype']}" if report.get("dtype") else ""),
         "",
         "| rows in | products out | rejected | skipped | attribute rows |",
         "|---:|---:|---:|---:|---:|",

@@ -24,7 +24,7 @@ def test_hpd_equals_reference_on_the_real_model(ray_cluster, tmp_path):
         argv[argv.index("--decoder") + 1] = decoder
         assert run_extract(argv) == 0
         outputs[decoder] = _values(read_attributes(str(out)))
-        assert report(str(out))["products_out"] == 6
+        assert report(str(out))["products_out"] == 6 and report(str(out))["dtype"] == "float32"
     assert outputs["hpd"] == outputs["reference"]
     assert any(value is not None for value, _ in outputs["hpd"].values())
     assert set(outputs["ar"]) == set(outputs["hpd"])  # the baseline answers the same slots

@@ -50,6 +50,20 @@ def test_report_sums_attempts_and_prices_each_by_its_device(tmp_path):
     assert mixed["products_per_second_per_device"] is None  # GPU-seconds and vCPU-seconds do not add up
 
 
+def test_the_report_names_the_dtype_the_models_ran_in():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    bf16, f32, dry = Stats(), Stats(), Stats()
+    bf16.add({"rows_in": 2, "products_out": 2, "dtype": "bfloat16"})
+    bf16.add({"rows_in": 1, "products_out": 1, "dtype": "bfloat16"})
+    f32.add({"rows_in": 1, "products_out": 1, "dtype": "float32"})
+    dry.add({"rows_in": 1, "products_out": 1, "dtype": None})  # the dry run loads no model
+    report = build_report(META, bf16, bf16, [attempt], attempt)
+    assert report["dtype"] == "bfloat16" and "dtype: bfloat16" in render_markdown(report)
+    assert build_report(META, bf16.merged(f32), f32, [attempt], attempt)["dtype"] == "bfloat16+float32"  # resumed elsewhere
+    assert build_report(META, dry, dry, [attempt], attempt)["dtype"] is None
+    assert "dtype" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
+
+
 def test_a_job_of_no_products_reports_no_price_per_product():
     attempt = attempts.Attempt("a", 0.0, 0.5, "cpu", 0, 0.0425)
     report = build_report(META, Stats(), Stats(), [attempt], attempt)
