@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
                          "or choose another --out")
     if not args.teacher and (validation := write_validation(sources, val_products, args.out)):
         logging.info("validation products (%d) written to %s for hpd extract / evaluate", len(val_products), validation)
+
     def save_epoch(epoch: int, so_far: finetune.TrainReport) -> None:
         folder = args.out / f"epoch-{epoch}"
         finetune.save(model, tokenizer, folder, config.full)
