@@ -37,6 +37,9 @@ RANDOM_ARCHS: dict[str, dict] = {
 }  # fmt: skip
 
 
+RANDOM_ARCH_TOKENIZER = "smollm2-135m"  # its 49k ids fit every vocabulary above (Gemma's 262k would not)
+
+
 def arch_config(arch: str, tokenizer):
     """The transformers config of a published architecture (table above), with the tokenizer's ids."""
     from transformers import AutoConfig
@@ -87,7 +90,7 @@ def load(args: argparse.Namespace) -> tuple[dict[str, object], object, dict]:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"--device {args.device} requested but CUDA is not available")
     if args.random_arch:
-        source = args.tokenizer or resolve_model_dir(ModelConfig())
+        source = args.tokenizer or resolve_model_dir(ModelConfig(name=RANDOM_ARCH_TOKENIZER))
         tokenizer = AutoTokenizer.from_pretrained(source)
         prepare_tokenizer(tokenizer)
         model = random_model(args.random_arch, tokenizer, model_cfg, args.seed)

@@ -9,8 +9,8 @@ SKELETONS = ("interleaved", "after-products")  # where HPD's keys go (prompts.sk
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: models.resolve_dtype
 STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (DecodeConfig.step_shape)
 ATTENTION = ("sdpa", "flex_attention", "eager")
-DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct + the shipped HPD LoRA adapter, see models.py
-DEFAULT_BASE_MODEL = "default-base"  # the same SmolLM2-135M-Instruct without the adapter (zero-shot)
+DEFAULT_MODEL = "default"  # Gemma 3 270M base + the shipped HPD LoRA adapter, see models.py
+DEFAULT_BASE_MODEL = "default-base"  # the same Gemma 3 270M base without the adapter (zero-shot)
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,12 @@ class DecodeConfig:
 class ModelConfig:
     """Which model to load and how.
 
-    name: "default" (the embedded SmolLM2-135M-Instruct with its shipped HPD fine-tuned LoRA
-        adapter), "default-base" (the same model without it), a hub id, a local directory, or a
-        path to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
+    name: "default" (the embedded Gemma 3 270M base with its shipped HPD fine-tuned LoRA
+        adapter), "default-base" (the same model without it), another embedded name (models.EMBEDDED),
+        a hub id, a local directory, or a path to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
         it reaches the engine; the engine never talks to S3.)
-    adapter: optional PEFT (LoRA) adapter directory applied on top (for "default" it replaces the
-        shipped adapter: adapters are trained on the base model).
+    adapter: optional PEFT (LoRA) adapter directory applied on top (for "default" and the other
+        embedded names with an adapter it replaces the shipped one: adapters are trained on the base model).
     quantization: None or "nf4" (4-bit NF4 weights via bitsandbytes, on CUDA or CPU).
     """
 

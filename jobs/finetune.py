@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_MODEL, DTYPES, SKELETONS, DecodeConfig, ModelConfig
+from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DTYPES, SKELETONS, DecodeConfig, ModelConfig
 from pipelines.stacking import StackingConfig
 
 CONFIG_FILE = "training_config.json"
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--model",
         default=DEFAULT_BASE_MODEL,
-        help=f"base model: '{DEFAULT_BASE_MODEL}' (SmolLM2-135M-Instruct, default), hub id, local dir or .gguf",
+        help=f"base model: '{DEFAULT_BASE_MODEL}' (Gemma 3 270M base, default), 'smollm2-135m', hub id, local dir or .gguf",
     )
     model.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     model.add_argument("--dtype", choices=DTYPES, default=ModelConfig().dtype, help="weights dtype (default %(default)s)")
@@ -132,15 +132,16 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hpd_core import finetune
-    from hpd_core.models import load_model
+    from hpd_core.models import bare_model_name, load_model
     from training import data as gold
 
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
     config = finetune.TrainConfig(docs_per_prompt=args.docs_per_prompt, max_value_tokens=args.max_value_tokens, **options)
-    if args.model == DEFAULT_MODEL:
+    bare = bare_model_name(args.model)
+    if bare is not None:
         raise ValueError(
-            f"--model {DEFAULT_MODEL} already carries the shipped adapter; adapters are trained on the "
-            f"base model: use --model {DEFAULT_BASE_MODEL}"
+            f"--model {args.model} already carries a shipped adapter; adapters are trained on the "
+            f"base model: use --model {bare}"
         )
     model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
 

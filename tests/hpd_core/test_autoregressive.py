@@ -134,7 +134,7 @@ def test_fine_tuned_baseline_on_the_real_model_equals_its_oracle():
         for r in records
     ]
     adapter = repo / "benchmarks" / "adapters" / "smollm2-135m-oa-mine-ar"
-    fast = load_decoder("ar", ModelConfig(name="default-base", adapter=str(adapter)), DecodeConfig())
+    fast = load_decoder("ar", ModelConfig(name="smollm2-135m", adapter=str(adapter)), DecodeConfig())
     slow = AutoregressiveReference(fast.model, fast.tokenizer, fast.config)
     batched, oracle = fast.decode(requests), slow.decode(requests)
     assert [r.extra["text"] for r in batched] == [r.extra["text"] for r in oracle]

@@ -10,7 +10,7 @@ import torch
 
 from hpd_core.config import DecodeConfig, ModelConfig
 from hpd_core.decoders import load_decoder, make_decoder
-from hpd_core.models import DEFAULT_ADAPTER_DIR, check_paths, load_model, resolve_adapter
+from hpd_core.models import DEFAULT_ADAPTER_DIR, SMOLLM2_ADAPTER_DIR, bare_model_name, check_paths, load_model, resolve_adapter
 
 from .conftest import random_request, tiny_model
 
@@ -120,12 +120,25 @@ def test_missing_local_paths_fail_fast_with_the_path(model_dir, tmp_path):
 def test_default_carries_the_shipped_adapter_unless_replaced(tmp_path):
     assert (DEFAULT_ADAPTER_DIR / "adapter_config.json").is_file()
     assert resolve_adapter(ModelConfig()) == str(DEFAULT_ADAPTER_DIR)
-    assert resolve_adapter(ModelConfig(name="default-base")) is None
+    assert resolve_adapter(ModelConfig(name="smollm2-135m-hpd")) == str(SMOLLM2_ADAPTER_DIR)
+    for bare in ("default-base", "gemma3-270m", "smollm2-135m"):
+        assert resolve_adapter(ModelConfig(name=bare)) is None
     (tmp_path / "adapter_config.json").write_text("{}")
     assert resolve_adapter(ModelConfig(adapter=str(tmp_path))) == str(tmp_path)
     assert resolve_adapter(ModelConfig(name="default-base", adapter=str(tmp_path))) == str(tmp_path)
-    size = sum(f.stat().st_size for f in DEFAULT_ADAPTER_DIR.iterdir())
-    assert size < 48 * 2**20  # shipped in the repository: LoRA only (float16), kept small
+    for adapter in (DEFAULT_ADAPTER_DIR, SMOLLM2_ADAPTER_DIR):
+        size = sum(f.stat().st_size for f in adapter.iterdir())
+        assert size < 48 * 2**20  # shipped in the repository: LoRA only (float16), kept small
+
+
+def test_each_shipped_adapter_names_its_bare_model_and_gemmas_carries_its_terms():
+    """The name to fine-tune or run without the shipped adapter, and the Gemma Terms of Use travel with
+    the Gemma adapter (a Model Derivative: the terms and their use restrictions pass on)."""
+    assert bare_model_name("default") == "default-base"
+    assert bare_model_name("smollm2-135m-hpd") == "smollm2-135m"
+    assert bare_model_name("default-base") is None and bare_model_name("/some/dir") is None
+    assert "Gemma Terms of Use" in (DEFAULT_ADAPTER_DIR / "NOTICE").read_text()
+    assert "Gemma Terms of Use" in (DEFAULT_ADAPTER_DIR / "GEMMA_TERMS.html").read_text()
 
 
 TITLES = [
@@ -137,16 +150,17 @@ TITLES = [
 
 
 @pytest.mark.slow
-def test_default_model_offline(tmp_path, monkeypatch):
-    """The embedded default (GGUF from the wheel + the shipped HPD adapter) loads with no network,
-    HPD and the baseline each return a result for every slot without errors, and the fine-tuned
-    HPD finds the brands (quality at scale is measured by `hpd evaluate`, README Quality)."""
+@pytest.mark.parametrize("name", ["default", "smollm2-135m-hpd"])
+def test_default_model_offline(tmp_path, monkeypatch, name):
+    """Each embedded model with a shipped adapter (GGUF from its wheel + the HPD adapter) loads with no
+    network, HPD and the baseline each return a result for every slot without errors, and the
+    fine-tuned HPD finds the brands (quality at scale is measured by `hpd evaluate`, README Quality)."""
     from hpd_core.types import Attribute, Product, Request
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HPD_CACHE_DIR", str(tmp_path / "cache"))
     decode = DecodeConfig()  # K_max 30, as the adapter was trained
-    hpd = load_decoder("hpd", ModelConfig(), decode)
+    hpd = load_decoder("hpd", ModelConfig(name=name), decode)
     assert (tmp_path / "cache" / "models").is_dir()  # converted into the cache, once
     ar = make_decoder("ar", hpd.runner.model, hpd.tokenizer, decode)
     attributes = tuple(Attribute(n) for n in ("Brand", "Gender", "Color"))

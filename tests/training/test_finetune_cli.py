@@ -158,3 +158,5 @@ def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
     assert "gold file" in capsys.readouterr().err
     assert main(["finetune", "--train", str(data_dir), "--model", "default", "--out", str(out)]) == 2
     assert "--model default-base" in capsys.readouterr().err
+    assert main(["finetune", "--train", str(data_dir), "--model", "smollm2-135m-hpd", "--out", str(out)]) == 2
+    assert "use --model smollm2-135m" in capsys.readouterr().err
