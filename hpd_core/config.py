@@ -83,11 +83,13 @@ class ModelConfig:
     """Which model to load and how.
 
     name: "default" (the embedded Gemma 3 270M base with its shipped HPD fine-tuned LoRA
-        adapter), "default-base" (the same model without it), another embedded name (models.EMBEDDED),
-        a hub id, a local directory, or a path to a .gguf file. (An s3:// prefix is resolved to a local directory by the pipeline before
-        it reaches the engine; the engine never talks to S3.)
+        adapter), "default-base" (the same model without it), another embedded name
+        (models.EMBEDDED), a hub id, a local directory, or a path to a .gguf file. (An s3:// prefix
+        is resolved to a local directory by the pipeline before it reaches the engine; the engine
+        never talks to S3.)
     adapter: optional PEFT (LoRA) adapter directory applied on top (for "default" and the other
-        embedded names with an adapter it replaces the shipped one: adapters are trained on the base model).
+        embedded names with an adapter it replaces the shipped one: adapters are trained on the
+        base model).
     quantization: None or "nf4" (4-bit NF4 weights via bitsandbytes, on CUDA or CPU).
     """
 
