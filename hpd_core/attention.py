@@ -12,6 +12,9 @@ A forward whose queries each see exactly the cache entries up to their own index
 entry before it present, in position order; ``causal_width``) needs no mask at all: the queries
 are placed at their own index in a (rows, width) grid and SDPA's causal rule is the attention
 rule. The CPU kernel then skips the blocks above the diagonal, and nobody builds a dense mask.
+Sliding-window layers of such a forward take ``bands`` instead (built by the runner): blocks of
+queries, each attending only to the entries its window can reach, through the rule's own mask over
+that band, so a long prompt's prefill costs each query about a window of keys, not the whole row.
 
 It is registered under ``ENGINE_ATTENTION`` and switched on only around the engine's own forward
 passes (``engine_attention``), so a model shared with other code keeps its configured
@@ -39,6 +42,8 @@ def engine_sdpa(
     scaling: float | None = None,
     unpack: torch.Tensor | None = None,  # (N,) flat place of each packed query in (rows, A)
     causal_width: int | None = None,  # causal forward: the grid is (rows, width), query at its own index
+    layer_windows: tuple[int | None, ...] | None = None,  # causal forward: each layer's window
+    bands: dict | None = None,  # causal forward: per window, [(first query, end, first entry, mask)]
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Returns the attention output as (rows, A, H, Dv), or (1, N, H, Dv) for packed queries."""
@@ -51,14 +56,25 @@ def engine_sdpa(
         rows, queries, attention_mask = key.shape[0], causal_width, None
     else:
         rows, queries = attention_mask.shape[0], attention_mask.shape[2]
+    window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
     if unpack is not None:
         flat = query.new_zeros(rows * queries, heads, query.shape[3])
         flat[unpack] = query[0].transpose(0, 1)
         query = flat.view(rows, queries, heads, -1).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal_width is not None,
-        enable_gqa=key.shape[1] != heads,
-    ).transpose(1, 2)  # (rows, A, H, Dv)
+    gqa = key.shape[1] != heads
+    if window is not None:  # a sliding layer in a causal forward: each query block over its band
+        out = query.new_zeros(rows, heads, queries, value.shape[3])
+        for qs, qe, ks, band_mask in bands[window]:
+            out[:, :, qs:qe] = F.scaled_dot_product_attention(
+                query[:, :, qs:qe], key[:, :, ks:qe], value[:, :, ks:qe], attn_mask=band_mask, dropout_p=dropout,
+                scale=scaling, enable_gqa=gqa,
+            )  # fmt: skip
+        out = out.transpose(1, 2)
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+            is_causal=causal_width is not None, enable_gqa=gqa,
+        ).transpose(1, 2)  # (rows, A, H, Dv)
     if unpack is not None:
         out = out.reshape(rows * queries, heads, -1)[unpack].unsqueeze(0)
     return out, None

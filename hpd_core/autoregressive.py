@@ -25,7 +25,7 @@ from hpd_core.layout import encode, encode_prompt, shared_prefix_length
 from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
 from hpd_core.runner import ModelRunner
 from hpd_core.session import Prompt, Session
-from hpd_core.sampling import make_generator, select
+from hpd_core.sampling import make_generator
 from hpd_core.stopping import token_text, token_texts
 from hpd_core.types import Request, Result
 
@@ -205,14 +205,14 @@ class ARSession(Session):
         self.fed[rows_t] = 0
         for row, item in zip(rows, items):
             self.append_at[row] = len(self.prompts[item].ids)
-        tokens = self.choose(self.runner.logits(torch.cat(hidden)), items, [0] * len(items))
+        tokens = self.choose(torch.cat(hidden), items, [0] * len(items))
         self.last[rows_t] = tokens
         for item, token in zip(items, tokens.tolist()):
             self.read(item, token)
 
-    def choose(self, logits: torch.Tensor, items: list[int | None], index: list[int]) -> torch.Tensor:
-        """Next tokens from the logits; forcing (tests): token ``index[i]`` of ``forced[items[i]]``."""
-        tokens = select(logits, self.decoder.config, self.generator)
+    def choose(self, hidden: torch.Tensor, items: list[int | None], index: list[int]) -> torch.Tensor:
+        """Next tokens from the hidden states; forcing (tests): token ``index[i]`` of ``forced[items[i]]``."""
+        tokens = self.runner.next_tokens(hidden, self.decoder.config, self.generator)
         if self.forced is not None:
             pad = self.decoder.tokenizer.pad_token_id
             picked = [self.forced[i][k] if i is not None and k < len(self.forced[i]) else pad for i, k in zip(items, index)]
@@ -245,7 +245,7 @@ class ARSession(Session):
             self.append_at[row] += 1
         self.fed[r] += 1
         items = [self.item[row] for row in busy]
-        tokens = self.choose(self.runner.logits(hidden), items, [len(self.generated[i]) for i in items])
+        tokens = self.choose(hidden, items, [len(self.generated[i]) for i in items])
         self.last[r] = tokens
         for item, token in zip(items, tokens.tolist()):
             self.read(item, token)
@@ -260,7 +260,7 @@ class ARSession(Session):
                                      end=self.cache.capacity, present=live, grid=(R, 1))  # fmt: skip
         self.fed += live
         index = self.fed.tolist() if self.forced is not None else [0] * R  # forcing is a test tool
-        tokens = self.choose(self.runner.logits(hidden), self.item, index)
+        tokens = self.choose(hidden, self.item, index)
         self.last = torch.where(live, tokens, self.last)
         self.pending.append(torch.where(live, tokens, -1))
         if len(self.pending) >= self.check_every:

@@ -158,7 +158,7 @@ class HPDSession(Session):
         r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
         s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
         k = torch.zeros_like(r)
-        new = self.choose(self.decoder.runner.logits(torch.cat(hidden)), r, s, k)  # token 1 of every slot
+        new = self.choose(torch.cat(hidden), r, s, k)  # token 1 of every slot
         rows_t = torch.tensor(rows, device=dev)
         self.state[rows_t] = DONE
         self.n_gen[rows_t] = 0
@@ -171,11 +171,15 @@ class HPDSession(Session):
         self.state[r, s] = self.decoder.table[START, new]
         self.active[r, s] = (self.state[r, s] != DONE) & (self.limit[r, s] > 1)
 
-    def choose(self, logits: torch.Tensor, r: torch.Tensor, s: torch.Tensor, k: torch.Tensor, fed=None) -> torch.Tensor:
-        """Tokens for the queries (r, s) at value index k from their logits (forced if forcing);
-        ``fed``: which queries are real (fixed steps), the others' logits are not recorded."""
-        new = select(logits, self.decoder.config, self.generator)
-        if self.recorded is not None:
+    def choose(self, hidden: torch.Tensor, r: torch.Tensor, s: torch.Tensor, k: torch.Tensor, fed=None) -> torch.Tensor:
+        """Tokens for the queries (r, s) at value index k from their hidden states (forced if
+        forcing); ``fed``: which queries are real (fixed steps), the others' logits are not recorded."""
+        runner = self.decoder.runner
+        if self.recorded is None:
+            new = runner.next_tokens(hidden, self.decoder.config, self.generator)
+        else:
+            logits = runner.logits(hidden)
+            new = select(logits, self.decoder.config, self.generator)
             if fed is None:
                 self.recorded[r, s, k] = logits
             else:
@@ -199,7 +203,7 @@ class HPDSession(Session):
             self.cache, r, base[r] + column, self.tokens[r, s], self.anchor_pos[r, s] + k, k,
             end=max(a for a, c in zip(self.append_at, counts.tolist()) if c),
         )  # fmt: skip
-        new = self.choose(self.runner.logits(hidden), r, s, k)
+        new = self.choose(hidden, r, s, k)
         self.out[r, s, k] = new
         self.n_gen[r, s] += 1
         self.state[r, s] = self.decoder.table[self.state[r, s], new]
@@ -223,7 +227,7 @@ class HPDSession(Session):
             end=self.cache.capacity, present=act, grid=(R, S),
         )  # fmt: skip
         kk = k.clamp(max=K - 1)
-        new = torch.where(act, self.choose(self.runner.logits(hidden), r, s, kk, act), self.tokens.reshape(-1))
+        new = torch.where(act, self.choose(hidden, r, s, kk, act), self.tokens.reshape(-1))
         out = self.out.view(R * S, K)
         out[torch.arange(R * S, device=dev), kk] = torch.where(act, new, out[torch.arange(R * S, device=dev), kk])
         n_gen = self.n_gen.view(-1)

@@ -85,6 +85,16 @@ def layer_windows(config) -> dict[str, int | None]:
     return {FULL: window}
 
 
+def window_per_layer(config) -> tuple[int | None, ...]:
+    """Each layer's window by layer index (None: full attention), from the same rules as
+    ``layer_windows``."""
+    windows = layer_windows(config)
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if len(windows) == 1:
+        return (next(iter(windows.values())),) * config.num_hidden_layers
+    return tuple(windows[t] for t in config.layer_types)
+
+
 def for_layers(windows: dict[str, int | None], build: Callable[[int | None], object]):
     """One mask per rule: ``build(window)`` for each; a single mask alone, else a mapping by type."""
     if len(windows) == 1:

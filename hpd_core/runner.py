@@ -17,8 +17,11 @@ layer's own window, ``masks.for_layers``), built once per forward for all layers
 caller marks ``causal`` (a prefill: each row's entries up to its last query are present, in
 strictly increasing positions, generation 0) is the rule's special case "an entry is seen iff its
 index is at most the query's"; with the engine's packed SDPA and full-attention layers it runs as
-SDPA's causal attention, with no mask (tests/hpd_core/test_session.py: the same as the masked
-path). Only the hidden states asked for go through the LM head.
+SDPA's causal attention, with no mask, in full-attention layers; sliding-window layers read only
+the band of entries each block of queries can reach within its window, masked by the rule
+(tests/hpd_core/test_session.py: the same as the masked path). Only the hidden states asked for go
+through the LM head, and greedy decoding takes the maximum over slices of the vocabulary
+(``next_tokens``) without building the whole logits.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ import torch
 from hpd_core import masks
 from hpd_core.attention import engine_attention, uses_sdpa
 from hpd_core.kvcache import RowCache, Write
+from hpd_core.sampling import select
+
+BAND_BLOCK = 64  # queries per block of a sliding layer's banded causal attention
+VOCAB_CHUNK = 32768  # LM head rows per slice in greedy decoding (next_tokens)
 
 
 class ModelRunner:
@@ -51,8 +58,11 @@ class ModelRunner:
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
         self.windows = masks.layer_windows(model.config)
-        # causal forwards can skip the mask: full-attention layers only (a window needs the mask)
-        self.causal_ok = self.packed and all(window is None for window in self.windows.values())
+        self.layer_window = masks.window_per_layer(model.config)
+        # causal forwards skip the mask (full layers) or read only each query block's band (sliding)
+        self.causal_ok = self.packed
+        self.band_block = BAND_BLOCK
+        self.vocab_chunk = VOCAB_CHUNK
         self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
         self.tokens = {"prefix": 0, "prefill": 0, "step": 0}  # query tokens computed (packed) by kind
 
@@ -94,9 +104,17 @@ class ModelRunner:
                 read_rows = None
         packed = self.packed and place is not None
         if packed and causal and self.causal_ok:
-            # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule
-            mask, kwargs = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device), {
-                "unpack": group * end + index, "causal_width": end}
+            # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule of
+            # full layers; sliding layers read, per block of queries, only the entries its window
+            # can reach, through the rule's mask over that band
+            unused = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device)
+            mask = masks.for_layers(self.windows, lambda window: unused)
+            kwargs = {"unpack": group * end + index, "causal_width": end}
+            if any(window is not None for window in self.layer_window):
+                keys = cache.keys_of(read_rows, end)
+                kwargs["layer_windows"] = self.layer_window
+                kwargs["bands"] = {window: self._bands(keys, group, index, b, end, window)
+                                   for window in set(self.layer_window) if window is not None}  # fmt: skip
         else:
             grid_pos, grid_gen, grid_index = (self._grid(x, b, A, place, fill) for x, fill in
                                               ((pos, 0), (gen, 0), (index, cache.scratch)))  # fmt: skip
@@ -124,6 +142,34 @@ class ModelRunner:
             return out[0]
         return out.reshape(b * A, -1) if place is None else out.reshape(b * A, -1)[place]
 
+    def _bands(self, keys, group: torch.Tensor, index: torch.Tensor, b: int, end: int, window: int) -> list:
+        """A causal forward's queries in blocks of ``band_block`` grid columns, for a layer with
+        this window: [(first column, end column, first entry read, additive mask (b, 1, columns,
+        entries))]. In a causal forward each row's entries up to its last query are in strictly
+        increasing positions, so the entries a block's queries may see start where the position
+        falls within the window of the block's earliest query; the mask is the rule itself
+        (``masks.allowed``) over the block's queries and those entries."""
+        pos, gen, present = keys  # (b, end) each, this forward's entries included
+        dev = pos.device
+        first = torch.full((b,), end, dtype=torch.long, device=dev).scatter_reduce(0, group, index, "amin")
+        last = torch.zeros(b, dtype=torch.long, device=dev).scatter_reduce(0, group, index + 1, "amax")
+        starts = torch.arange(int(first.min()), end, self.band_block, device=dev)  # (n,)
+        stops = (starts + self.band_block).clamp(max=end)
+        earliest = torch.maximum(first[None, :], starts[:, None])  # (n, b): a row's first query in a block
+        real = (earliest < stops[:, None]) & (earliest < last[None, :])
+        at = pos.T.gather(0, earliest.clamp(max=end - 1))  # (n, b) its position
+        column = torch.arange(end, device=dev)
+        out_of_reach = (pos[None] <= (at - window)[..., None]) & (column[None, None] < earliest[..., None])
+        reach = torch.where(real, out_of_reach.sum(-1), end).amin(1)  # (n,) first entry any query sees
+        bands = []
+        for qs, qe, ks in zip(starts.tolist(), stops.tolist(), reach.tolist()):
+            if ks >= end:
+                continue  # no query in this block
+            allowed = masks.allowed(pos[:, ks:qe], gen[:, ks:qe], present[:, ks:qe], pos[:, qs:qe], gen[:, qs:qe],
+                                    qs - ks, window)  # fmt: skip
+            bands.append((qs, qe, ks, masks.additive(allowed, self.dtype)))
+        return bands
+
     @staticmethod
     def _grid(values: torch.Tensor, b: int, A: int, place: torch.Tensor | None, fill: int) -> torch.Tensor:
         """(N,) flat values -> (b, A), padding with ``fill`` (identity reshape for a full grid)."""
@@ -132,6 +178,28 @@ class ModelRunner:
         out = torch.full((b * A,), fill, dtype=values.dtype, device=values.device)
         out[place] = values
         return out.view(b, A)
+
+    def next_tokens(self, hidden: torch.Tensor, config, generator) -> torch.Tensor:
+        """The tokens ``sampling.select`` picks from these hidden states' logits. Greedy decoding
+        with a plain linear LM head never builds the (N, V) logits: the head runs over slices of
+        the vocabulary and keeps the running maximum (the first on ties, as ``argmax``): the same
+        tokens, with far less memory written and read (Gemma's 262k-entry vocabulary)."""
+        if not config.greedy or type(self.head) is not torch.nn.Linear:
+            return select(self.logits(hidden), config, generator)
+        weight, bias = self.head.weight, self.head.bias
+        best = index = None
+        for start in range(0, self.vocab_size, self.vocab_chunk):
+            part = slice(start, start + self.vocab_chunk)
+            logits = torch.nn.functional.linear(hidden, weight[part], None if bias is None else bias[part])
+            if self.softcap:
+                logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+            value, at = logits.max(-1)
+            if best is None:
+                best, index = value, at
+            else:
+                better = value > best
+                best, index = torch.where(better, value, best), torch.where(better, at + start, index)
+        return index
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden).float()

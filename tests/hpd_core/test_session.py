@@ -146,11 +146,14 @@ def test_causal_attention_is_the_index_rule():
     torch.testing.assert_close(causal, masked, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch, band_block", [("llama", None), ("qwen3", None), ("phi3", None), ("gemma3", 8),
+                                              ("qwen3-swa", 5), ("mistral-swa", 64)])  # fmt: skip
 @pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
-def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, decoder_name):
-    """Prefills (and shared prefixes) run as SDPA's causal attention give the same tokens and the same
-    logits as through the rule's mask, for both decoders, with shared prefixes and refilled rows."""
+def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_block, decoder_name):
+    """Prefills (and shared prefixes) run as SDPA's causal attention (full layers) and as banded
+    blocks of queries (sliding layers, windows far smaller than the prompts) give the same tokens and
+    the same logits as through the rule's mask, for both decoders, with shared prefixes and
+    refilled rows."""
     rng = random.Random(7)
     requests = category_requests(rng, 4)
     config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
@@ -158,9 +161,11 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, decod
     slow = make_decoder(decoder_name, models[arch], tokenizer, config)
     slow.runner.causal_ok = False
     assert fast.runner.causal_ok
-    seen = []
+    seen, bands = [], []
+    if band_block is not None:
+        fast.runner.band_block = band_block
     forward = fast.runner.body.forward
-    fast.runner.body.forward = lambda *a, **k: seen.append("causal_width" in k) or forward(*a, **k)
+    fast.runner.body.forward = lambda *a, **k: seen.append("causal_width" in k) or bands.append(k.get("bands")) or forward(*a, **k)
     if decoder_name == "hpd":
         layouts = fast.prepare(requests)
         forced = [[[rng.randrange(3, 200) for _ in range(rng.randint(1, 5))] for _ in range(lay.num_slots)]
@@ -174,6 +179,9 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, decod
            [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in expected]
     assert [r.values for r in got] == [r.values for r in expected]
     assert any(seen) and not all(seen)  # prefix and prefill forwards causal, steps masked
+    if band_block is not None:  # sliding layers: several blocks, some reading from past the first entry
+        blocks = [block for plan in bands if plan for blocks in plan.values() for block in blocks]
+        assert len({qs for qs, *_ in blocks}) > 2 and any(ks > 0 for _, _, ks, _ in blocks)
 
 
 def test_prefix_store_keeps_the_most_recently_used():
@@ -253,3 +261,31 @@ def test_each_prompt_is_reported_once_as_it_finishes(models, tokenizer, decoder_
     decoder.decode(requests)
     assert sorted(id(r) for r, _ in heard) == sorted(id(r) for r in requests)
     assert heard[0][1] < decoder.runner.counts["prefill"]  # reported before the last rows were refilled
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("chunk", [7, 64, 100_000])
+@pytest.mark.parametrize("softcap", [None, 0.5])
+def test_greedy_next_tokens_over_vocabulary_slices_equal_argmax(models, tokenizer, arch, chunk, softcap):
+    """ModelRunner.next_tokens (greedy, the LM head over slices of the vocabulary, running maximum)
+    == argmax over the whole logits, ties included (the first maximum wins), with and without soft
+    capping (a small cap saturates tanh: many ties)."""
+    from hpd_core.runner import ModelRunner
+
+    runner = ModelRunner(models[arch], tokenizer)
+    runner.vocab_chunk, runner.softcap = chunk, softcap
+    torch.manual_seed(2)
+    hidden = torch.randn(40, runner.head.weight.shape[1]) * 3
+    hidden[5:] = hidden[:35].clone()
+    with torch.no_grad():
+        weight = runner.head.weight.clone()
+        try:
+            runner.head.weight[300:350] = runner.head.weight[100:150]  # duplicate rows: exact ties across slices
+            logits = runner.logits(hidden)
+            expected = logits.argmax(-1)
+            got = runner.next_tokens(hidden, DecodeConfig(), None)
+        finally:
+            runner.head.weight.copy_(weight)
+    assert torch.equal(got, expected)
+    ties = (logits == logits.max(-1, keepdim=True).values).sum(-1) > 1
+    assert ties.any()  # there were ties to break
