@@ -16,6 +16,7 @@ it once. S3 prefixes are resolved to local directories by the pipeline, not here
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import logging
 import os
@@ -83,9 +84,11 @@ def embedded_gguf_path(embedded: EmbeddedModel, root: Path) -> Path:
     return path
 
 
-def convert_gguf(gguf_path: Path | Callable[[], Path], target: Path) -> Path:
+def convert_gguf(gguf_path: Path | Callable[[], Path], target: Path, remove_source: bool = False) -> Path:
     """Dequantize a GGUF model once into ``target`` (safetensors + tokenizer). Safe to race.
-    ``gguf_path`` may be a function giving the file, called only when converting (under the lock)."""
+    ``gguf_path`` may be a function giving the file, called only when converting (under the lock);
+    ``remove_source``: delete that file once converted (a copy of our own making, such as the
+    file joined from an embedded model's part packages)."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -108,6 +111,8 @@ def convert_gguf(gguf_path: Path | Callable[[], Path], target: Path) -> Path:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             os.replace(tmp, target)
+            if remove_source:
+                gguf_path.unlink(missing_ok=True)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -120,7 +125,9 @@ def resolve_model_dir(config: ModelConfig) -> str:
     embedded = EMBEDDED.get(config.name)
     if embedded is not None:
         root = cache_root(config)
-        return str(convert_gguf(lambda: embedded_gguf_path(embedded, root), root / "models" / embedded.cache_name))
+        # a GGUF joined from part packages is a copy in the cache: not kept once converted
+        source = functools.partial(embedded_gguf_path, embedded, root)
+        return str(convert_gguf(source, root / "models" / embedded.cache_name, remove_source=embedded.parts))
     path = Path(config.name)
     if path.suffix == ".gguf":
         stem = path.stem.lower().replace(".", "-")

@@ -162,6 +162,7 @@ def test_default_model_offline(tmp_path, monkeypatch, name):
     decode = DecodeConfig()  # K_max 30, as the adapter was trained
     hpd = load_decoder("hpd", ModelConfig(name=name), decode)
     assert (tmp_path / "cache" / "models").is_dir()  # converted into the cache, once
+    assert not list((tmp_path / "cache").rglob("*.gguf"))  # a GGUF joined from parts is not kept
     ar = make_decoder("ar", hpd.runner.model, hpd.tokenizer, decode)
     attributes = tuple(Attribute(n) for n in ("Brand", "Gender", "Color"))
     requests = [Request("Shoes", attributes, (Product(f"p{i}", t),)) for i, t in enumerate(TITLES)]
