@@ -4,6 +4,8 @@ import os
 import signal
 import threading
 
+from pipelines import io
+
 from .helpers import WAIT_SECONDS, catalog, check_exactly_once, commits, extract_args, jsonl, run_extract, wait_for
 
 
@@ -19,9 +21,11 @@ def test_extract_actor_killed_mid_run_is_retried(ray_cluster, tmp_path):
     job = threading.Thread(target=lambda: outcome.update(rc=run_extract(argv)))
     job.start()
     wait_for(lambda: len(commits(output)) >= 2, "the first commits")
-    actors = ray_cluster.workers("MapWorker(MapBatches(ExtractStage))")
-    assert len(actors) == 1
-    os.kill(actors[0].pid, signal.SIGKILL)
+    # the actor named in this job's commits (an earlier test's idle actor may still be alive)
+    (actor,) = {io.read_json(uri)["stats"]["actor"] for uri in commits(output)}
+    pid = int(actor.rsplit(":", 1)[1])
+    assert pid in {p.pid for p in ray_cluster.workers("MapWorker(MapBatches(ExtractStage))")}
+    os.kill(pid, signal.SIGKILL)
     job.join(timeout=WAIT_SECONDS)
     assert outcome.get("rc") == 0
     result = check_exactly_once(output, records, valid)

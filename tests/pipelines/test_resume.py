@@ -27,8 +27,8 @@ WORKER_TITLES = ("MapBatches(", "map_shard", "map_manifests", "reduce_interval")
 DRIVER_ENV = {"RAY_DATA_AUTOSCALING_REQUEST_EXPIRE_TIME_S": "15"}
 
 
-def workers_gone(cluster) -> bool:
-    return not any(cluster.workers(title) for title in WORKER_TITLES)
+def worker_pids(cluster) -> set[int]:
+    return {process.pid for title in WORKER_TITLES for process in cluster.workers(title)}
 
 
 def test_driver_killed_at_any_point_resumes_exactly_once(ray_cluster, s3_server):
@@ -41,6 +41,8 @@ def test_driver_killed_at_any_point_resumes_exactly_once(ray_cluster, s3_server)
                         "--dry-run-seconds-per-prompt", 0.02)
     kept = {}
     for kill_after_commits in (0, 4, 15):
+        # workers left by earlier tests' drivers are not this driver's: wait only for those it started
+        earlier = worker_pids(ray_cluster)
         driver = start_extract(argv, ray_cluster.address, DRIVER_ENV)
         if kill_after_commits == 0:
             time.sleep(3)  # killed while starting up or in its first chunks
@@ -48,7 +50,7 @@ def test_driver_killed_at_any_point_resumes_exactly_once(ray_cluster, s3_server)
             wait_for(lambda: len(commits(output)) >= kill_after_commits or driver.poll() is not None, "commits")
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        wait_for(lambda: workers_gone(ray_cluster), "the killed driver's workers to exit")
+        wait_for(lambda: not worker_pids(ray_cluster) - earlier, "the killed driver's workers to exit")
         committed = {uri: io.read_json(uri)["committed_at"] for uri in commits(output)}
         assert all(kept[uri] == committed[uri] for uri in kept)  # committed chunks are never redone
         kept = committed
