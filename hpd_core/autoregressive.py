@@ -103,6 +103,8 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
+        if config.spans:
+            raise ValueError("span decoding (DecodeConfig.spans) is not implemented for the baseline")
         self._texts: list[str] | None = None
         self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
         self.prefixes = PrefixStore(config.prefix_cache)

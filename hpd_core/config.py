@@ -34,6 +34,9 @@ class DecodeConfig:
     check_every: fixed steps only: steps between the host reads that find finished prompts.
     prefix_cache: shared prompt prefixes (a category's instructions and attribute list) whose
         keys and values a decoder keeps for reuse across batches; 0 turns prefix sharing off.
+    spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
+        leave the product's text is never chosen, and the LM head is computed for the allowed
+        tokens only. HPD and its reference.
     """
 
     max_value_tokens: int = 30
@@ -46,6 +49,7 @@ class DecodeConfig:
     step_shape: str = "auto"
     check_every: int = 4
     prefix_cache: int = 32
+    spans: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:

@@ -19,6 +19,8 @@ and attribute list.
             or is cut at K_max and flagged truncated. Its final token is never fed; its earlier
             tokens stay in the cache for later slots. A row with no active slot is finished.
 No Python loop runs over slots inside the step loop; per-slot work happens once, when parsing.
+The one exception is span decoding (``DecodeConfig.spans``, hpd_core/spans.py): each step, the
+host finds the tokens each active slot may take, and the LM head runs over those alone.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from hpd_core.prompts import parse_value, shared_prefix_text
 from hpd_core.runner import ModelRunner
 from hpd_core.sampling import make_generator, select
 from hpd_core.session import Prompt, Session
+from hpd_core.spans import SpanVocabulary
 from hpd_core.stopping import DONE, START, transition_table
 from hpd_core.types import Request, Result, Value
 
@@ -48,6 +51,7 @@ class HPDDecoder(BatchedDecoder):
         self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
+        self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
 
     def prepare(self, requests: list[Request]) -> list[Layout]:
         cfg = self.config
@@ -95,6 +99,8 @@ class HPDDecoder(BatchedDecoder):
         instead of the chosen ones (still chosen, as in free decoding) and stop each slot after
         them; with ``record_logits`` also return the logits of every step in
         ``result.extra["step_logits"]`` (slots, K, V), a test tool."""
+        if forced is not None and self.spans is not None:
+            raise ValueError("teacher forcing and span decoding do not go together")
         if forced is not None:
             for r, (request, slots) in enumerate(zip(requests, forced)):
                 if len(slots) != request.num_slots:
@@ -137,6 +143,7 @@ class HPDSession(Session):
         self.force = full(pad, S, K) if forced is not None else None
         self.recorded = torch.zeros((rows, S, K, decoder.runner.vocab_size), device=dev) if record else None
         self.steps_since_check = 0
+        self.span_slots: list[list] = [[] for _ in range(rows)]  # span decoding: each row's SpanSlots
 
     # -- rows start ------------------------------------------------------------------------
     def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:
@@ -155,6 +162,10 @@ class HPDSession(Session):
             if self.recorded is not None:
                 self.recorded[row] = 0
             self.append_at[row] = len(lay.input_ids)
+            if self.decoder.spans is not None:
+                request = self.requests[item]
+                texts = [self.decoder.spans.product((p.title, p.description, *p.features)) for p in request.products]
+                self.span_slots[row] = [texts[slot // lay.num_attributes].slot() for slot in range(s)]
         r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
         s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
         k = torch.zeros_like(r)
@@ -175,6 +186,8 @@ class HPDSession(Session):
         """Tokens for the queries (r, s) at value index k from their hidden states (forced if
         forcing); ``fed``: which queries are real (fixed steps), the others' logits are not recorded."""
         runner = self.decoder.runner
+        if self.decoder.spans is not None:
+            return self.choose_spans(hidden, r, s, fed)
         if self.recorded is None:
             new = runner.next_tokens(hidden, self.decoder.config, self.generator)
         else:
@@ -186,6 +199,19 @@ class HPDSession(Session):
                 self.recorded[r[fed], s[fed], k[fed]] = logits[fed]
         if self.force is not None:
             new = self.force[r, s, k]
+        return new
+
+    def choose_spans(self, hidden: torch.Tensor, r: torch.Tensor, s: torch.Tensor, fed=None) -> torch.Tensor:
+        """Span decoding: each query chooses among the tokens its slot's span rule allows (a host
+        round trip per step); queries not fed (fixed steps) get their current token back."""
+        rows, slots = r.tolist(), s.tolist()
+        real = [True] * len(rows) if fed is None else fed.tolist()
+        pad = self.decoder.runner.pad_id
+        allowed = [self.span_slots[row][slot].allowed() if ok else [pad] for row, slot, ok in zip(rows, slots, real)]
+        new = self.decoder.runner.allowed_tokens(hidden, allowed, self.decoder.config, self.generator)
+        for row, slot, ok, token in zip(rows, slots, real, new.tolist()):
+            if ok:
+                self.span_slots[row][slot].advance(token)
         return new
 
     # -- steps -----------------------------------------------------------------------------

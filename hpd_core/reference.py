@@ -4,6 +4,7 @@ At every step it lays out the logically ordered sequence (each slot's key follow
 tokens fed so far), runs one full forward with the training-view mask (masks.training_allowed, each layer's own window) and
 the full LM head, and reads each active slot's next token at its last token (its anchor at step 1).
 Stopping uses the character-level state machine directly (stopping.advance), not the token table.
+With span decoding each slot's full logits are masked to the tokens the span rule allows.
 Cached HPD (engine.py) must produce the same tokens (fp32).
 
 ``AutoregressiveReference`` is the same kind of oracle for the baseline (autoregressive.py): one
@@ -22,6 +23,7 @@ from hpd_core.engine import group
 from hpd_core.layout import Layout, build_layout, require_token_boundary
 from hpd_core.prompts import parse_value
 from hpd_core.sampling import make_generator, select
+from hpd_core.spans import SpanVocabulary
 from hpd_core.stopping import DONE, START, advance, token_text
 from hpd_core.types import Request, Result
 
@@ -58,6 +60,7 @@ class ReferenceDecoder(BatchedDecoder):
         super().__init__(model, tokenizer, config, model_name)
         require_token_boundary(tokenizer, config.skeleton)
         self.windows = masks.layer_windows(model.config)
+        self.spans = SpanVocabulary(tokenizer, model.config.vocab_size) if config.spans else None
 
     def cost(self, layout: Layout) -> tuple[int, int]:
         return len(layout.input_ids), layout.num_slots
@@ -96,13 +99,23 @@ class ReferenceDecoder(BatchedDecoder):
         state = [START] * S
         active = [True] * S
         passes = 0
+        spans = None
+        if self.spans is not None:  # span decoding: the full logits, masked to what the rule allows
+            texts = [self.spans.product((p.title, p.description, *p.features)) for p in request.products]
+            spans = [texts[s // layout.num_attributes].slot() for s in range(S)]
         while any(active):
             logits = self.step_logits(layout, fed)
             passes += 1
             for s in range(S):
                 if not active[s]:
                     continue
-                token = int(select(logits[s], self.config, generator))
+                row = logits[s]
+                if spans is not None:
+                    allowed = torch.tensor(spans[s].allowed(), device=row.device)
+                    row = torch.full_like(row, float("-inf")).index_copy(0, allowed, row[allowed])
+                token = int(select(row, self.config, generator))
+                if spans is not None:
+                    spans[s].advance(token)
                 generated[s].append(token)
                 text = token_text(self.tokenizer, token)
                 state[s] = DONE if token in self.special else advance(state[s], text)

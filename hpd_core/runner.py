@@ -201,6 +201,33 @@ class ModelRunner:
                 best, index = torch.where(better, value, best), torch.where(better, at + start, index)
         return index
 
+    def allowed_tokens(self, hidden: torch.Tensor, allowed: list[list[int]], config, generator) -> torch.Tensor:
+        """The tokens ``sampling.select`` picks when query i may only choose among ``allowed[i]``
+        (ascending, not empty). Greedy decoding with a plain linear LM head computes the head's rows
+        of the tokens some query may take (one matrix product over their union), and each query
+        takes the first of its highest as ``argmax`` of the masked logits would; otherwise the full
+        logits are masked."""
+        counts = [len(a) for a in allowed]
+        dev = hidden.device
+        flat = torch.tensor([t for a in allowed for t in a], dtype=torch.long, device=dev)
+        query = torch.repeat_interleave(torch.arange(len(allowed), device=dev), torch.tensor(counts, device=dev))
+        if not config.greedy or type(self.head) is not torch.nn.Linear:
+            logits = self.logits(hidden)
+            masked = torch.full_like(logits, float("-inf"))
+            masked[query, flat] = logits[query, flat]
+            return select(masked, config, generator)
+        union, column = torch.unique(flat, return_inverse=True)  # the head's rows any query needs
+        bias = None if self.head.bias is None else self.head.bias[union]
+        logits = torch.nn.functional.linear(hidden, self.head.weight[union], bias)[query, column].float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        best = torch.full((len(allowed),), float("-inf"), device=dev).scatter_reduce(0, query, logits, "amax")
+        at = torch.arange(flat.numel(), device=dev)
+        first = torch.full((len(allowed),), flat.numel(), device=dev).scatter_reduce(
+            0, query, torch.where(logits == best[query], at, flat.numel()), "amin"
+        )
+        return flat[first]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden).float()
         if self.softcap:

@@ -102,7 +102,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows))
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
-    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton))
+    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton), spans=args.spans)
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
     failures = tuple(map(parse_failure, args.dry_run_fail or ()))
     dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)
@@ -117,6 +117,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         "decoder": args.decoder,
         "model": model,
         "decode": asdict(decode),
+        "values_in_text": not args.keep_values_not_in_text,
     }
     if args.decoder == DRY_RUN and dry_run.failures:  # they decide which rows are rejected
         arguments["dry_run_failures"] = [list(failure) for failure in dry_run.failures]
@@ -127,6 +128,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         run_id=run_id,
         decode=decode,
         dry_run=dry_run,
+        values_in_text=not args.keep_values_not_in_text,
         **model,
     )
     return JobConfig(

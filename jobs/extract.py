@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skeleton", choices=SKELETONS,
                         help="where HPD's keys go: after-products or interleaved, as the model was fine-tuned "
                         f"(default: {DecodeConfig.skeleton})")
+    parser.add_argument("--spans", action="store_true",
+                        help="hpd: decode each value as a span of its product's text (tokens that would leave it are "
+                        "never chosen; the LM head runs over the allowed tokens only) (default: off)")
+    parser.add_argument("--keep-values-not-in-text", action="store_true",
+                        help="write values that do not occur in their product's text as the model gave them "
+                        "(default: write them as null and count them in the report's values_not_in_text)")
     parser.add_argument("--price-per-hour", type=float, metavar="USD",
                         help=f"price per device-hour for the report's $ per 1k products (default: ${GPU_PRICE_PER_HOUR} "
                         f"per GPU-hour on GPUs, ${CPU_PRICE_PER_HOUR} per vCPU-hour on CPUs; see the README)")

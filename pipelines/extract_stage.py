@@ -35,7 +35,7 @@ import os
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
@@ -72,6 +72,7 @@ RESULT_SCHEMA = pa.schema(
     ]
 )
 log = logging.getLogger("hpd.extract")
+SPAN_DECODERS = ("hpd", "reference")  # the decoders with span decoding (DecodeConfig.spans)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class ExtractConfig:
     decode_attempts: tries per prompt before its products are rejected (see the module doc).
     progress_seconds: how often at most an actor tells the driver's progress counter the products
         it has decoded (0: after every prompt).
+    values_in_text: a value that does not occur in its own product's text (title, description or
+        one feature, exactly as the model saw them) is written as null and counted
+        (``values_not_in_text``). Attribute values are spans of the product's text; a value that is
+        not one was invented, normalised, or copied from another product of the prompt.
     """
 
     decoder: str
@@ -98,6 +103,7 @@ class ExtractConfig:
     prompts_per_call: int | None = None
     decode_attempts: int = 2
     progress_seconds: float = 0.5
+    values_in_text: bool = True
 
     def __post_init__(self) -> None:
         if self.decoder not in EXTRACT_DECODERS:
@@ -106,6 +112,10 @@ class ExtractConfig:
             raise ValueError(f"prompts_per_call must be a positive int, got {self.prompts_per_call!r}")
         if not isinstance(self.decode_attempts, int) or self.decode_attempts < 1:
             raise ValueError(f"decode_attempts must be a positive int, got {self.decode_attempts!r}")
+        if self.decode.spans and self.decoder not in SPAN_DECODERS:
+            raise ValueError(f"spans must go with --decoder {' or '.join(SPAN_DECODERS)}, got {self.decoder}")
+        if not isinstance(self.values_in_text, bool):
+            raise ValueError(f"values_in_text must be a bool, got {self.values_in_text!r}")
         if not isinstance(self.progress_seconds, (int, float)) or self.progress_seconds < 0:
             raise ValueError(f"progress_seconds must be a number >= 0, got {self.progress_seconds!r}")
         self.model_config("cpu", resolve=False)  # validates dtype and names once, at job start
@@ -151,6 +161,11 @@ def run_dtype(config: ExtractConfig) -> str | None:
 def _text_length(request: Request) -> int:
     """A cheap stand-in for the prompt's token count (to group prompts of similar length)."""
     return sum(len(p.title) + len(p.description or "") + sum(map(len, p.features)) for p in request.products)
+
+
+def in_text(value: str, product: Product) -> bool:
+    """Whether ``value`` occurs, exactly, in one of the product's text fields."""
+    return any(value in text for text in (product.title, product.description or "", *product.features))
 
 
 def _reason(err: Exception) -> str:
@@ -292,7 +307,11 @@ class ExtractStage:
                 row = rows[position]
                 written.append(position)
                 stats.update(products_out=1, inputs_truncated=int(row["input_truncated"]))
+                product = products[position]
                 for attribute, value in zip(request.attributes, values):
+                    if self.config.values_in_text and value.value is not None and not in_text(value.value, product):
+                        stats.update(values_not_in_text=1)
+                        value = replace(value, value=None)
                     stats.update(
                         attribute_rows=1,
                         values_null=int(value.value is None),

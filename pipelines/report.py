@@ -19,7 +19,8 @@ COUNTERS = (
     "rejected",  # rows in rejected/
     "skipped",  # rows skipped because an earlier output has the product (--skip-existing)
     "attribute_rows",  # rows in attributes/ (products_out x attributes of their category)
-    "values_null",
+    "values_null",  # null values written, those set null for values_not_in_text included
+    "values_not_in_text",  # values not found in their product's text, written as null (--keep-values-not-in-text)
     "values_truncated",  # the value reached max_value_tokens
     "parse_errors",  # the model's text for a slot was not valid JSON
     "inputs_truncated",  # the product text was cut to max_text_chars
@@ -157,7 +158,8 @@ def render_markdown(report: dict) -> str:
         f"- decoder: `{report['decoder']}`  model: `{report['model']}`"
         + (f" + adapter `{report['adapter']}`  " if report.get("adapter") else "  ")
         + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}"
-        + (f"  dtype: {report['dtype']}" if report.get("dtype") else ""),
+        + (f"  dtype: {report['dtype']}" if report.get("dtype") else "")
+        + ("  spans" if report.get("spans") else ""),
         "",
         "| rows in | products out | rejected | skipped | attribute rows |",
         "|---:|---:|---:|---:|---:|",
@@ -167,10 +169,12 @@ def render_markdown(report: dict) -> str:
         "Rejected by stage: "
         + (", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items()) or "none"),
         "",
-        "| prompts | prompt tokens | generated tokens | forward passes | truncated values | parse errors |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| prompts | prompt tokens | generated tokens | forward passes | truncated values | parse errors "
+        "| values not in text |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {report['prompts']} | {report['prompt_tokens']} | {report['generated_tokens']} "
-        f"| {report['forward_passes']} | {report['values_truncated']} | {report['parse_errors']} |",
+        f"| {report['forward_passes']} | {report['values_truncated']} | {report['parse_errors']} "
+        f"| {report['values_not_in_text']} |",
         "",
         f"Whole job ({report['attempts']} attempt{'s' if report['attempts'] != 1 else ''}"
         f"{', resumed' if report['resumed'] else ''}): {report['products_out']} products in {report['wall_seconds']} s, "

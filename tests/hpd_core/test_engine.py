@@ -231,3 +231,42 @@ def test_stacked_prompts_up_to_sixteen_products(models, tokenizer, docs):
     from hpd_core.prompts import render_instructions
 
     assert render_instructions(requests[0]).count("You are an expert") == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3-swa"])
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=batches())
+def test_span_decoding_equals_the_masked_oracle(models, tokenizer, arch, step_shape, case):
+    """Span decoding: the LM head over the allowed tokens only, with the cache, == the full logits
+    masked to them, without a cache; and every value is a span of its own product's text."""
+    requests, k_max = case
+    config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
+    fast = make_decoder("hpd", models[arch], tokenizer, config).decode(requests)
+    slow = make_decoder("reference", models[arch], tokenizer, config).decode(requests)
+    assert slot_tokens(fast) == slot_tokens(slow)
+    for a, b in zip(fast, slow):
+        assert a.values == b.values and a.forward_passes == b.forward_passes
+        for product, _, value in a.items():
+            fields = [f for f in (product.title, product.description, *product.features) if f]
+            assert value.value is None or any(value.value in f for f in fields) or value.truncated
+
+
+def test_span_decoding_changes_what_a_free_model_writes(models, tokenizer):
+    """Not vacuous: unconstrained, the random model writes values that are not in the text; with
+    spans it finishes values that are, non-null ones among them."""
+    rng = random.Random(3)
+    requests = [random_request(rng, 2, 3) for _ in range(8)]
+    config = DecodeConfig(max_value_tokens=8)
+    free = make_decoder("hpd", models["llama"], tokenizer, config).decode(requests)
+    spans = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=8, spans=True)).decode(requests)
+    def in_text(product, value):
+        return any(value in f for f in (product.title, product.description, *product.features) if f)
+    assert any(v.value is not None and not in_text(p, v.value) for r in free for p, _, v in r.items())
+    finished = [(p, v) for r in spans for p, _, v in r.items() if v.value is not None and not v.truncated]
+    assert finished and all(in_text(p, v.value) for p, v in finished)
+
+
+def test_the_baseline_refuses_span_decoding(models, tokenizer):
+    with pytest.raises(ValueError, match="not implemented for the baseline"):
+        make_decoder("ar", models["llama"], tokenizer, DecodeConfig(spans=True))

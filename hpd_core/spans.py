@@ -1,0 +1,230 @@
+"""Values as spans of their product's text: which tokens may come next in a slot.
+
+With span decoding (``DecodeConfig.spans``) a slot's text must read, character by character,
+
+    whitespace*  ( '"' S '"' | 'null' )  whitespace*  terminator  ...
+
+where S is a non-empty piece of one of the product's text fields (title, description, one feature)
+exactly as JSON writes it inside a string (``json.dumps(field)[1:-1]``): the value the parser reads
+is then a span of the product's own text. Whatever follows the terminator (the rest of that token)
+is not read, as in ordinary decoding (stopping.py). The attribute values of the extraction
+benchmarks are such spans without exception; a model that would answer "Men's" for a title saying
+"Men" answers "Men" (or null) instead, and nothing can come from another product of the prompt.
+
+``walk`` is the slow, obviously correct rule, one character at a time, with one addition: a token
+that only opens the string is allowed when some token can follow it (a text whose characters all
+come in byte pieces could not start a span). ``SpanSlot.allowed`` gives
+the same token set from lookups: the tokens whose text is a prefix of the text that follows each
+place the value so far occurs (``SpanVocabulary.by_text``), those that close the string there
+(``closers``), and fixed sets for the start, ``null`` and the terminator; tests check it against
+``walk`` over whole vocabularies. Tokens whose text is not whole characters on its own (byte pieces
+of a character, decoded as U+FFFD) and special tokens are never allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from hpd_core.prompts import TERMINATORS
+from hpd_core.stopping import WHITESPACE, token_texts
+
+START, STRING, NULL, AFTER, DONE = range(5)
+NULL_TEXT = "null"
+MAX_TOKEN_CHARS = 64  # longer token texts are never candidates inside a string
+
+
+@dataclass(frozen=True)
+class State:
+    """Where a slot's text stands. ``content``: the string so far (JSON-escaped, as in the fields'
+    texts) or the bare literal so far; ``places``: (field, index) where ``content`` occurs in the
+    fields' texts (None: anywhere, before the first character)."""
+
+    mode: int = START
+    content: str = ""
+    places: tuple[tuple[int, int], ...] | None = None
+
+
+def field_texts(fields) -> tuple[str, ...]:
+    """The fields as they read inside a JSON string (what the model writes between the quotes)."""
+    return tuple(json.dumps(f, ensure_ascii=False)[1:-1] for f in fields if f)
+
+
+def _escaped(content: str) -> bool:
+    """Whether a quote after ``content`` is escaped (an odd run of backslashes ends it)."""
+    return (len(content) - len(content.rstrip("\\"))) % 2 == 1
+
+
+def step(state: State, ch: str, texts: tuple[str, ...]) -> State | None:
+    """The state after one more character, or None if the rule forbids it."""
+    mode, content = state.mode, state.content
+    if mode == DONE:
+        return state
+    if mode == START:
+        if ch in WHITESPACE:
+            return state
+        if ch == '"':
+            return State(STRING)
+        return State(NULL, ch) if NULL_TEXT.startswith(ch) else None
+    if mode == STRING:
+        if ch == '"' and not _escaped(content):
+            return State(AFTER) if content else None
+        n = len(content)
+        if state.places is None:
+            places = tuple((f, i) for f, text in enumerate(texts) for i, c in enumerate(text) if c == ch)
+        else:
+            places = tuple((f, i) for f, i in state.places if texts[f][i + n : i + n + 1] == ch)
+        return State(STRING, content + ch, places) if places else None
+    if mode == NULL:
+        if content != NULL_TEXT:
+            return State(NULL, content + ch) if NULL_TEXT.startswith(content + ch) else None
+        mode = AFTER  # "null" read: from here as after a string
+    if ch in WHITESPACE:
+        return State(AFTER)
+    return State(DONE) if ch in TERMINATORS else None
+
+
+def walk(state: State, text: str, texts: tuple[str, ...]) -> State | None:
+    """The state after a token's text (None: forbidden). The slow reference of ``SpanSlot``."""
+    for ch in text:
+        if state is None or state.mode == DONE:
+            return state
+        state = step(state, ch, texts)
+    return state
+
+
+class SpanVocabulary:
+    """A tokenizer's token texts indexed for the span rule (built once per decoder)."""
+
+    def __init__(self, tokenizer, vocab_size: int | None = None) -> None:
+        texts = token_texts(tokenizer)
+        special = set(tokenizer.all_special_ids)
+        self.texts = texts + ["\ufffd"] * max(0, (vocab_size or 0) - len(texts))
+        self.usable = [(i, t) for i, t in enumerate(texts) if usable(t) and i not in special]
+        nothing: tuple[str, ...] = ()
+        self.by_text: dict[str, list[int]] = {}  # string pieces with no closing quote
+        self.closers: dict[str, list[int]] = {}  # piece before the closing quote -> tokens
+        self.opening: list[tuple[str, int]] = []  # text after whitespace + '"', for START
+        self.start: list[int] = []  # valid from START whatever the text: whitespace, a start of null
+        self.bare_opening: list[int] = []  # whitespace + '"': valid if a span can start after it
+        self.null_after: dict[str, list[int]] = {prefix: [] for prefix in ("n", "nu", "nul", NULL_TEXT)}
+        self.finishers: list[int] = []  # valid right after the closing quote (or null)
+        for i, t in self.usable:
+            if walk(State(AFTER), t, nothing) is not None:
+                self.finishers.append(i)
+            for prefix in self.null_after:
+                if walk(State(NULL, prefix), t, nothing) is not None:
+                    self.null_after[prefix].append(i)
+            body = t.lstrip(WHITESPACE)
+            if body == '"':
+                self.bare_opening.append(i)
+            elif walk(State(START), t, nothing) is not None:
+                self.start.append(i)
+            elif body[0] == '"':
+                self.opening.append((body[1:], i))
+            cut = _closing(t)
+            if cut is None:
+                self.by_text.setdefault(t, []).append(i)
+            elif walk(State(AFTER), t[cut + 1 :], nothing) is not None:
+                self.closers.setdefault(t[:cut], []).append(i)
+
+    def product(self, fields) -> SpanText:
+        """The rule for the slots of one product (title, description, features)."""
+        return SpanText(self, field_texts(fields))
+
+
+def usable(text: str) -> bool:
+    """Token texts the rule may allow: whole characters (no U+FFFD piece of one), not too long."""
+    return bool(text) and "\ufffd" not in text and len(text) <= MAX_TOKEN_CHARS
+
+
+def _closing(text: str) -> int | None:
+    """Index of the first quote in ``text`` that would close a string (not escaped within ``text``)."""
+    escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            return i
+    return None
+
+
+class SpanText:
+    """One product's texts under the span rule; its slots share the sets that depend on the texts
+    alone (the start, and the string just opened)."""
+
+    def __init__(self, vocab: SpanVocabulary, texts: tuple[str, ...]) -> None:
+        self.vocab, self.texts = vocab, texts
+        self._shared: dict[int, list[int]] = {}
+
+    def slot(self) -> SpanSlot:
+        return SpanSlot(self)
+
+    def allowed(self, state: State) -> list[int]:
+        """The tokens ``walk`` accepts from ``state``, ascending."""
+        if (state.mode == START or (state.mode == STRING and state.places is None)) and state.mode in self._shared:
+            return self._shared[state.mode]
+        found = self._allowed(state)
+        if state.mode == START or (state.mode == STRING and state.places is None):
+            self._shared[state.mode] = found
+        return found
+
+    def _allowed(self, state: State) -> list[int]:
+        v, texts = self.vocab, self.texts
+        if state.mode == START:  # a bare quote only if some token can follow it: no dead end
+            bare = v.bare_opening if self.allowed(State(STRING)) else []
+            return sorted(v.start + bare + [i for rest, i in v.opening if _opening_ok(rest, texts)])
+        if state.mode == NULL:
+            return v.null_after[state.content]
+        if state.mode == AFTER:
+            return v.finishers
+        if state.mode != STRING:
+            return []
+        if _escaped(state.content):  # the next character is escaped: rare (a backslash in the text)
+            return [i for i, t in v.usable if walk(state, t, texts) is not None]
+        found: set[int] = set()
+        n = len(state.content)
+        places = state.places
+        if places is None:  # nothing read yet: a span may start anywhere
+            places = tuple((f, i) for f, text in enumerate(texts) for i in range(len(text)))
+        for f, i in places:
+            after = texts[f][i + n : i + n + MAX_TOKEN_CHARS]
+            for k in range(1, len(after) + 1):
+                found.update(v.by_text.get(after[:k], ()))
+            for k in range(0 if n else 1, len(after) + 1):
+                if not _escaped(state.content + after[:k]):
+                    found.update(v.closers.get(after[:k], ()))
+        return sorted(found)
+
+
+def _opening_ok(rest: str, texts: tuple[str, ...]) -> bool:
+    """Whether '"' + rest (a token's text after its leading whitespace and quote) is valid from START."""
+    cut = _closing(rest)
+    if cut is None:
+        return any(rest in text for text in texts)  # rest is not empty: '"' alone is in ``start``
+    piece = rest[:cut]
+    if not piece or _escaped(piece) or not any(piece in text for text in texts):
+        return False
+    return walk(State(AFTER), rest[cut + 1 :], ()) is not None
+
+
+class SpanSlot:
+    """One slot under the span rule: ``allowed()`` tokens, ``advance(token)``."""
+
+    def __init__(self, text: SpanText) -> None:
+        self.text = text
+        self.state = State()
+
+    def allowed(self) -> list[int]:
+        found = self.text.allowed(self.state)
+        if not found:
+            raise ValueError(f"no token continues {self.state} under the span rule")
+        return found
+
+    def advance(self, token: int) -> None:
+        state = walk(self.state, self.text.vocab.texts[token], self.text.texts)
+        if state is None:
+            raise ValueError(f"token {token} ({self.text.vocab.texts[token]!r}) breaks the span rule")
+        self.state = state
