@@ -25,7 +25,8 @@ from hpd_core.layout import encode, encode_prompt, shared_prefix_length
 from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
 from hpd_core.runner import ModelRunner
 from hpd_core.session import Prompt, Session
-from hpd_core.sampling import make_generator
+from hpd_core.sampling import make_generator, select
+from hpd_core.spans import AnswerSpans, SpanVocabulary, product_fields
 from hpd_core.stopping import token_text, token_texts
 from hpd_core.types import Request, Result
 
@@ -103,16 +104,19 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
-        if config.spans:
-            raise ValueError("span decoding (DecodeConfig.spans) is not implemented for the baseline")
         self._texts: list[str] | None = None
         self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
         self.prefixes = PrefixStore(config.prefix_cache)
+        self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
 
     def token_text(self, token: int) -> str:
         if self._texts is None:
             self._texts = token_texts(self.tokenizer)
         return self._texts[token] if token < len(self._texts) else "\ufffd"
+
+    def answer_spans(self, request: Request) -> AnswerSpans:
+        """Span decoding: the rule for this request's answer, at the start of what the model writes."""
+        return AnswerSpans(self.spans, [product_fields(p) for p in request.products])
 
     def prompt_ids(self, request: Request) -> list[int]:
         return encode_prompt(self.tokenizer, render_prompt(request, self.tokenizer) + answer_prefix())
@@ -171,6 +175,8 @@ class AutoregressiveDecoder(BatchedDecoder):
     ) -> list[Result]:
         """Generate for one batch (one session); each row stops by itself (or, ``exact``, after
         its budget). ``forced[b]`` (tests): feed these tokens instead of choosing."""
+        if self.spans is not None and (exact or forced is not None):
+            raise ValueError("span decoding does not go with exact lengths or teacher forcing")
         session = ARSession(self, requests, prompts, budgets, exact, generator, forced)
         session.on_done = self.session_done(requests)
         return session.run(self.parser)
@@ -196,6 +202,9 @@ class ARSession(Session):
         self.fed = torch.zeros(rows, dtype=torch.long, device=dev)  # tokens each row has fed
         self.length = torch.zeros(rows, dtype=torch.long, device=dev)  # its prompt length
         self.budget = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.answers = None  # span decoding: the span rule of each answer (spans.AnswerSpans)
+        if decoder.spans is not None:
+            self.answers = [decoder.answer_spans(r) for r in requests]
         self.pending: list[torch.Tensor] = []  # fixed steps: tokens not yet read by the host
         self.append_at = [0] * rows  # packed steps: where each row's next fed token goes
 
@@ -212,13 +221,45 @@ class ARSession(Session):
         for item, token in zip(items, tokens.tolist()):
             self.read(item, token)
 
-    def choose(self, hidden: torch.Tensor, items: list[int | None], index: list[int]) -> torch.Tensor:
-        """Next tokens from the hidden states; forcing (tests): token ``index[i]`` of ``forced[items[i]]``."""
+    def choose(self, hidden: torch.Tensor, items: list[int | None], index: list[int], used=None) -> torch.Tensor:
+        """Next tokens from the hidden states; forcing (tests): token ``index[i]`` of ``forced[items[i]]``.
+        ``used``: which queries' tokens are kept (fixed steps; None: all)."""
+        if self.answers is not None:
+            return self.choose_spans(hidden, items, [True] * len(items) if used is None else used)
         tokens = self.runner.next_tokens(hidden, self.decoder.config, self.generator)
         if self.forced is not None:
             pad = self.decoder.tokenizer.pad_token_id
             picked = [self.forced[i][k] if i is not None and k < len(self.forced[i]) else pad for i, k in zip(items, index)]
             tokens = torch.tensor(picked, device=tokens.device)
+        return tokens
+
+    def choose_spans(self, hidden: torch.Tensor, items: list[int | None], used: list[bool]) -> torch.Tensor:
+        """Span decoding: inside a value, the LM head over the tokens its span rule allows; outside,
+        the whole head, and a token that would open a value against the rule is masked out. The
+        answers' rules read the chosen tokens at once (a host round trip per step)."""
+        cfg, runner, texts = self.decoder.config, self.runner, self.decoder.spans.texts
+        tokens = torch.full((hidden.shape[0],), runner.pad_id, dtype=torch.long, device=hidden.device)
+        live = [i for i, (item, ok) in enumerate(zip(items, used)) if ok and item is not None and self.ends[item] is None]
+        inside = [i for i in live if self.answers[items[i]].value is not None]
+        outside = [i for i in live if self.answers[items[i]].value is None]
+        if inside:
+            allowed = []
+            for i in inside:
+                answer = self.answers[items[i]]
+                allowed.append([t for t in answer.value.allowed() if ":" not in texts[t] or answer.allows(t)])
+            tokens[inside] = runner.allowed_tokens(hidden[inside], allowed, cfg, self.generator)
+        if outside:
+            chosen = runner.next_tokens(hidden[outside], cfg, self.generator).tolist()
+            for i, token in zip(outside, chosen):
+                answer = self.answers[items[i]]
+                if ":" in texts[token] and not answer.allows(token):  # rare: mask what the rule forbids
+                    logits = runner.logits(hidden[i : i + 1])[0]
+                    banned = [t for t, text in enumerate(texts) if ":" in text and not answer.allows(t)]
+                    logits[banned] = float("-inf")
+                    token = int(select(logits, cfg, self.generator))
+                tokens[i] = token
+        for i, token in zip(live, tokens[live].tolist()):
+            self.answers[items[i]].feed(texts[token])
         return tokens
 
     def read(self, item: int, token: int) -> None:
@@ -262,7 +303,7 @@ class ARSession(Session):
                                      end=self.cache.capacity, present=live, grid=(R, 1))  # fmt: skip
         self.fed += live
         index = self.fed.tolist() if self.forced is not None else [0] * R  # forcing is a test tool
-        tokens = self.choose(hidden, self.item, index)
+        tokens = self.choose(hidden, self.item, index, live.tolist() if self.answers is not None else None)
         self.last = torch.where(live, tokens, self.last)
         self.pending.append(torch.where(live, tokens, -1))
         if len(self.pending) >= self.check_every:

@@ -162,10 +162,18 @@ class AutoregressiveReference(AutoregressiveDecoder):
         prompt = self.prompt_ids(request)
         tokens: list[int] = []
         end = (0, exact)
+        answer = None
+        if self.spans is not None:  # span decoding: the full logits, masked to every token the rule allows
+            answer = self.answer_spans(request)
         while len(tokens) < budget:
             ids = torch.tensor([prompt + tokens], device=self.device)
             logits = self.model(input_ids=ids).logits[0, -1]
+            if answer is not None:
+                banned = [t for t in range(logits.shape[-1]) if not answer.allows(t)]
+                logits = logits.index_fill(0, torch.tensor(banned, dtype=torch.long, device=logits.device), float("-inf"))
             tokens.append(int(select(logits, self.config, generator)))
+            if answer is not None:
+                answer.feed(self.spans.texts[tokens[-1]])
             end = (len(tokens), exact)
             if not exact:
                 end = answer_length(self.tokenizer, len(request.products), tokens, self.special)

@@ -45,6 +45,11 @@ class State:
     places: tuple[tuple[int, int], ...] | None = None
 
 
+def product_fields(product) -> tuple:
+    """The text fields of a product (types.Product) the rule reads: title, description, features."""
+    return (product.title, product.description, *product.features)
+
+
 def field_texts(fields) -> tuple[str, ...]:
     """The fields as they read inside a JSON string (what the model writes between the quotes)."""
     return tuple(json.dumps(f, ensure_ascii=False)[1:-1] for f in fields if f)
@@ -228,3 +233,71 @@ class SpanSlot:
         if state is None:
             raise ValueError(f"token {token} ({self.text.vocab.texts[token]!r}) breaks the span rule")
         self.state = state
+
+
+class AnswerSpans:
+    """The span rule for the baseline's whole JSON answer (``{"1": {"Brand": "...", ...}, ...}``).
+
+    Reads the answer as it is written; a value of product j (the member of product key ``"j"``, at
+    depth 2, after its colon) follows the span rule of that product's text. Outside values any
+    text may be written; a token that reaches into a value is allowed if its part there is.
+    ``copy`` / ``feed`` walk a candidate token; ``value`` is the span slot of the value being
+    written (None outside values)."""
+
+    def __init__(self, vocab: SpanVocabulary, products: list, depth: int = 1) -> None:
+        self.vocab = vocab
+        self.texts = [vocab.product(fields) for fields in products]
+        self.depth, self.in_string, self.escaped = depth, False, False
+        self.key = ""  # the product key being read or last read (depth 1)
+        self.product: int | None = None
+        self.value: SpanSlot | None = None
+
+    def copy(self) -> AnswerSpans:
+        other = object.__new__(AnswerSpans)
+        other.__dict__.update(self.__dict__)
+        if self.value is not None:
+            other.value = SpanSlot(self.value.text)
+            other.value.state = self.value.state
+        return other
+
+    def feed(self, text: str) -> bool:
+        """Read a token's text; False if the span rule forbids it (the state is then undefined)."""
+        for ch in text:
+            if self.value is not None:
+                state = step(self.value.state, ch, self.value.text.texts)
+                if state is None:
+                    return False
+                self.value.state = state
+                if state.mode != DONE:
+                    continue
+                self.value = None  # the terminator also counts for the structure below
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                elif self.depth == 1:
+                    self.key += ch
+            elif ch == '"':
+                self.in_string = True
+                if self.depth == 1:
+                    self.key = ""
+            elif ch in "{[":
+                self.depth += 1
+                if self.depth == 2:
+                    self.product = int(self.key) - 1 if self.key.isdigit() and 0 < int(self.key) <= len(self.texts) else None
+            elif ch in "}]":
+                self.depth -= 1
+            elif ch == ":" and self.depth == 2 and self.product is not None:
+                self.value = self.texts[self.product].slot()
+        return True
+
+    def allows(self, token: int) -> bool:
+        """The rule for one token: inside a value, one of the value's ``allowed()`` tokens (the
+        span rule of HPD's slots); then the whole token's text must read (a value it opens
+        further on included)."""
+        if self.value is not None and token not in self.value.text.allowed(self.value.state):
+            return False
+        return self.copy().feed(self.vocab.texts[token])

@@ -72,7 +72,7 @@ RESULT_SCHEMA = pa.schema(
     ]
 )
 log = logging.getLogger("hpd.extract")
-SPAN_DECODERS = ("hpd", "reference")  # the decoders with span decoding (DecodeConfig.spans)
+SPAN_DECODERS = ("hpd", "ar", "reference")  # the decoders with span decoding (DecodeConfig.spans)
 
 
 @dataclass(frozen=True)

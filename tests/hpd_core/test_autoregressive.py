@@ -141,3 +141,85 @@ def test_fine_tuned_baseline_on_the_real_model_equals_its_oracle():
     for result in batched:
         assert '"2"' not in result.extra["text"] and result.generated_tokens < fast.answer_budget(result.request)
         assert any(v.value is not None for v in result.values[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=batches())
+def test_baseline_span_decoding_equals_the_masked_reference(models, tokenizer, arch, step_shape, case):
+    requests, k_max, _ = case
+    config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
+    fast = AutoregressiveDecoder(models[arch], tokenizer, config).decode(requests)
+    slow = AutoregressiveReference(models[arch], tokenizer, config).decode(requests)
+    for a, b in zip(fast, slow):
+        assert a.extra["text"] == b.extra["text"]
+        assert (a.values, a.generated_tokens) == (b.values, b.generated_tokens)
+
+
+class InsideAValue:
+    """The prompt already holds the answer up to product 1's first value (its colon), so a random
+    model starts inside a value, where the span rule chooses its tokens."""
+
+    def seeded(self, request):
+        return f'\n  "1": {{\n    "{request.attributes[0].name}":'
+
+    def prompt_ids(self, request):
+        return super().prompt_ids(request) + encode(self.tokenizer, self.seeded(request))
+
+    def answer_spans(self, request):
+        answer = super().answer_spans(request)
+        assert answer.feed(self.seeded(request)) and answer.value is not None
+        return answer
+
+
+class SeededDecoder(InsideAValue, AutoregressiveDecoder):
+    pass
+
+
+class SeededReference(InsideAValue, AutoregressiveReference):
+    pass
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=batches())
+def test_baseline_span_decoding_inside_values_equals_the_masked_reference(models, tokenizer, arch, step_shape, case):
+    requests, k_max, _ = case
+    config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
+    fast = SeededDecoder(models[arch], tokenizer, config).decode(requests)
+    slow = SeededReference(models[arch], tokenizer, config).decode(requests)
+    for request, a, b in zip(requests, fast, slow):
+        assert a.extra["text"] == b.extra["text"]
+        value = a.extra["text"][len("{\n"):]  # what the model wrote, from inside product 1's first value
+        stripped = value.lstrip()
+        if stripped.startswith('"') and '"' in stripped[1:]:
+            written = json.loads(stripped[: stripped.index('"', 1) + 1]) if "\\" not in stripped else None
+            assert written is None or written in request.products[0].title
+
+
+def test_answer_spans_follow_the_products_text(tokenizer):
+    """The baseline's rule on whole answers: one written from the products' text reads through,
+    token by token; a value from elsewhere (another product's, or invented) is refused where it
+    leaves the text; text outside values is free."""
+    from hpd_core.spans import AnswerSpans, SpanVocabulary, product_fields
+    from hpd_core.types import Attribute, Product, Request
+
+    vocab = SpanVocabulary(tokenizer)
+    request = Request("Shoes", (Attribute("Brand"), Attribute("Size")),
+                      (Product("a", "acme red shoe 10 D US"), Product("b", 'nike "quoted" loafer')))
+
+    def reads(values) -> bool:
+        answer = AnswerSpans(vocab, [product_fields(p) for p in request.products])
+        text = render_answer(request, values)[1:]  # the decoder's prompt ends with the opening brace
+        for token in encode(tokenizer, text):
+            if not answer.allows(token):
+                return False
+            answer.feed(vocab.texts[token])
+        return True
+
+    assert reads([["acme", "10 D US"], ["nike", '"quoted"']])
+    assert reads([[None, "red shoe"], ["loafer", None]])
+    assert not reads([["nike", None], [None, None]])  # product b's brand for product a
+    assert not reads([["acme", "size 10"], [None, None]])

@@ -266,7 +266,3 @@ def test_span_decoding_changes_what_a_free_model_writes(models, tokenizer):
     finished = [(p, v) for r in spans for p, _, v in r.items() if v.value is not None and not v.truncated]
     assert finished and all(in_text(p, v.value) for p, v in finished)
 
-
-def test_the_baseline_refuses_span_decoding(models, tokenizer):
-    with pytest.raises(ValueError, match="not implemented for the baseline"):
-        make_decoder("ar", models["llama"], tokenizer, DecodeConfig(spans=True))
