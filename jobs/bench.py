@@ -98,6 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="shared prefixes kept per decoder (0: no prefix sharing)")
     d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
                    help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
+    d.add_argument("--spans", action="store_true",
+                   help="both decoders decode values as spans of their product's text (records runs; default: off)")
     t = parser.add_argument_group("timing")
     t.add_argument("--warmup-requests", type=int, default=TimingConfig.warmup_requests)
     t.add_argument("--repeats", type=int, default=TimingConfig.repeats)
@@ -120,6 +122,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.baseline_lengths == "matched" and (args.synthetic or args.sweep_docs):
         raise ValueError("--baseline-lengths matched is for a single records run (synthetic lengths are always fixed)")
+    if args.spans and (args.synthetic or args.baseline_lengths == "matched"):
+        raise ValueError("--spans is for records runs whose baseline writes its own answers (values come from the text)")
     if bool(args.sweep_docs) != bool(args.sweep_batch):
         raise ValueError("a sweep needs both --sweep-docs and --sweep-batch")
     if args.random_arch and (args.adapter or args.baseline_adapter):
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)
     decode_cfg = DecodeConfig(
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
-        step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton,
+        step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton, spans=args.spans,
     )  # fmt: skip
     timing = TimingConfig(warmup_requests=args.warmup_requests, repeats=args.repeats, matmul_size=args.matmul_size)
     out = Path(args.out)

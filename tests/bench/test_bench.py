@@ -199,6 +199,17 @@ def test_bench_records_end_to_end(capsys, tmp_path, tokenizer_dir, records):
     assert not report["workload"]["fixed_lengths"]
 
 
+def test_bench_records_with_spans(capsys, tmp_path, tokenizer_dir, records):
+    """--spans: both decoders decode values as spans of the products' text, and the report says so."""
+    out = tmp_path / "out"
+    run_bench(capsys, [
+        "--records", records[0], "--attributes", records[1], "--limit", "4", "--docs-per-prompt", "2", "--spans",
+        "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3", "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads((out / "bench.json").read_text())
+    assert report["decode"]["spans"] and report["ar"]["products"] == report["hpd"]["products"] == 4
+
+
 def test_bench_records_matched_baseline(capsys, tmp_path, tokenizer_dir, records):
     """--baseline-lengths matched: the baseline generates exactly the answer with HPD's value lengths."""
     out = tmp_path / "out"
@@ -324,6 +335,7 @@ def test_bench_adapters(capsys, tmp_path, monkeypatch, lora_model, own_baseline)
         (["--synthetic", "--baseline-lengths", "matched", "--out", "x"], "matched"),
         (["--synthetic", "--random-arch", "tiny", "--adapter", "a", "--out", "x"], "--adapter and --baseline-adapter"),
         (["--synthetic", "--random-arch", "tiny", "--baseline-adapter", "a", "--out", "x"], "need a real model"),
+        (["--synthetic", "--spans", "--out", "x"], "--spans is for records runs"),
     ],
 )
 def test_bench_argument_errors(argv, message):
