@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hpd_core.prompts import TERMINATORS
+from hpd_core.prompts import TERMINATORS, _closing_quote
 from hpd_core.stopping import WHITESPACE, token_texts
 
 START, STRING, NULL, AFTER, DONE = range(5)
@@ -145,15 +145,8 @@ def usable(text: str) -> bool:
 
 def _closing(text: str) -> int | None:
     """Index of the first quote in ``text`` that would close a string (not escaped within ``text``)."""
-    escaped = False
-    for i, ch in enumerate(text):
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == '"':
-            return i
-    return None
+    end = _closing_quote('"' + text)
+    return None if end is None else end - 1
 
 
 class SpanText:
