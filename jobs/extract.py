@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where HPD's keys go: after-products or interleaved, as the model was fine-tuned "
                         f"(default: {DecodeConfig.skeleton})")
     parser.add_argument("--spans", action="store_true",
-                        help="hpd: decode each value as a span of its product's text (tokens that would leave it are "
+                        help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only) (default: off)")
     parser.add_argument("--keep-values-not-in-text", action="store_true",
                         help="write values that do not occur in their product's text as the model gave them "
