@@ -35,7 +35,7 @@ from hpd_core.prompts import parse_value, shared_prefix_text
 from hpd_core.runner import ModelRunner
 from hpd_core.sampling import make_generator, select
 from hpd_core.session import Prompt, Session
-from hpd_core.spans import SpanVocabulary
+from hpd_core.spans import SpanVocabulary, product_fields
 from hpd_core.stopping import DONE, START, transition_table
 from hpd_core.types import Request, Result, Value
 
@@ -164,7 +164,7 @@ class HPDSession(Session):
             self.append_at[row] = len(lay.input_ids)
             if self.decoder.spans is not None:
                 request = self.requests[item]
-                texts = [self.decoder.spans.product((p.title, p.description, *p.features)) for p in request.products]
+                texts = [self.decoder.spans.product(product_fields(p)) for p in request.products]
                 self.span_slots[row] = [texts[slot // lay.num_attributes].slot() for slot in range(s)]
         r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
         s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])

@@ -23,7 +23,7 @@ from hpd_core.engine import group
 from hpd_core.layout import Layout, build_layout, require_token_boundary
 from hpd_core.prompts import parse_value
 from hpd_core.sampling import make_generator, select
-from hpd_core.spans import SpanVocabulary
+from hpd_core.spans import SpanVocabulary, product_fields
 from hpd_core.stopping import DONE, START, advance, token_text
 from hpd_core.types import Request, Result
 
@@ -101,7 +101,7 @@ class ReferenceDecoder(BatchedDecoder):
         passes = 0
         spans = None
         if self.spans is not None:  # span decoding: the full logits, masked to what the rule allows
-            texts = [self.spans.product((p.title, p.description, *p.features)) for p in request.products]
+            texts = [self.spans.product(product_fields(p)) for p in request.products]
             spans = [texts[s // layout.num_attributes].slot() for s in range(S)]
         while any(active):
             logits = self.step_logits(layout, fed)

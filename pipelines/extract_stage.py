@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from hpd_core.config import DECODERS, DEFAULT_MODEL, DecodeConfig, ModelConfig
+from hpd_core.spans import product_fields
 from hpd_core.types import Product, Request, Result
 from pipelines import io
 from pipelines.artifacts import resolve_model_path
@@ -165,7 +166,7 @@ def _text_length(request: Request) -> int:
 
 def in_text(value: str, product: Product) -> bool:
     """Whether ``value`` occurs, exactly, in one of the product's text fields."""
-    return any(value in text for text in (product.title, product.description or "", *product.features))
+    return any(value in text for text in product_fields(product) if text)
 
 
 def _reason(err: Exception) -> str:
