@@ -104,15 +104,13 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
-        self._texts: list[str] | None = None
         self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
 
     def token_text(self, token: int) -> str:
-        if self._texts is None:
-            self._texts = token_texts(self.tokenizer)
-        return self._texts[token] if token < len(self._texts) else "\ufffd"
+        texts = token_texts(self.tokenizer)
+        return texts[token] if token < len(texts) else "\ufffd"
 
     def answer_spans(self, request: Request) -> AnswerSpans:
         """Span decoding: the rule for this request's answer, at the start of what the model writes."""

@@ -173,7 +173,7 @@ def parse_value(text: str, finished: bool) -> Value:
     stripped = text.lstrip()
     truncated = not finished
     if stripped.startswith('"'):
-        end = _closing_quote(stripped)
+        end = closing_quote(stripped)
         if end is None:  # string never closed
             partial = stripped[1:]
             try:
@@ -201,7 +201,7 @@ def parse_value(text: str, finished: bool) -> Value:
     return Value(json.dumps(parsed) if isinstance(parsed, bool) else str(parsed), truncated=truncated)
 
 
-def _closing_quote(text: str) -> int | None:
+def closing_quote(text: str) -> int | None:
     """Index of the quote closing the JSON string that starts at text[0], or None."""
     escaped = False
     for i in range(1, len(text)):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hpd_core.prompts import TERMINATORS, _closing_quote
+from hpd_core.prompts import TERMINATORS, closing_quote
 from hpd_core.stopping import WHITESPACE, token_texts
 
 START, STRING, NULL, AFTER, DONE = range(5)
@@ -104,7 +104,7 @@ class SpanVocabulary:
     def __init__(self, tokenizer, vocab_size: int | None = None) -> None:
         texts = token_texts(tokenizer)
         special = set(tokenizer.all_special_ids)
-        self.texts = texts + ["\ufffd"] * max(0, (vocab_size or 0) - len(texts))
+        self.texts = list(texts) + ["\ufffd"] * max(0, (vocab_size or 0) - len(texts))
         self.usable = [(i, t) for i, t in enumerate(texts) if usable(t) and i not in special]
         nothing: tuple[str, ...] = ()
         self.by_text: dict[str, list[int]] = {}  # string pieces with no closing quote
@@ -145,7 +145,7 @@ def usable(text: str) -> bool:
 
 def _closing(text: str) -> int | None:
     """Index of the first quote in ``text`` that would close a string (not escaped within ``text``)."""
-    end = _closing_quote('"' + text)
+    end = closing_quote('"' + text)
     return None if end is None else end - 1
 
 

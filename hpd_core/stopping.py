@@ -9,6 +9,8 @@ lookup per step: ``state = table[state, token]``. ``advance`` is the slow refere
 
 from __future__ import annotations
 
+import weakref
+
 from hpd_core.prompts import TERMINATORS
 
 START, STRING, ESCAPE, AFTER_STRING, BARE, DONE = range(6)
@@ -41,9 +43,18 @@ def advance(state: int, text: str) -> int:
     return state
 
 
-def token_texts(tokenizer) -> list[str]:
-    """The text of every token id on its own (special tokens kept as their text)."""
-    return tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def token_texts(tokenizer) -> tuple[str, ...]:
+    """The text of every token id on its own (special tokens kept as their text). Decoded once per
+    tokenizer (Gemma's 262k entries take seconds) and shared by the stop table, span decoding and
+    the baseline's answer scanner."""
+    texts = _TEXTS.get(tokenizer)
+    if texts is None or len(texts) != len(tokenizer):  # a token added since: decode again
+        texts = tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False))
+        _TEXTS[tokenizer] = texts
+    return texts
 
 
 def token_text(tokenizer, token_id: int) -> str:
@@ -62,7 +73,7 @@ def transition_table(tokenizer, vocab_size: int | None = None):
     """
     import torch
 
-    texts = token_texts(tokenizer)
+    texts = list(token_texts(tokenizer))
     vocab_size = max(vocab_size or 0, len(texts))
     texts += ["\ufffd"] * (vocab_size - len(texts))
     special = set(tokenizer.all_special_ids)
