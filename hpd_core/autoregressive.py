@@ -22,7 +22,7 @@ from hpd_core.batching import BatchedDecoder, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
-from hpd_core.prompts import answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
+from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
 from hpd_core.runner import ModelRunner
 from hpd_core.session import Prompt, Session
 from hpd_core.sampling import make_generator, select
@@ -43,30 +43,17 @@ class AnswerScanner:
 
     def __init__(self, products: int):
         self.products = products
-        self.depth = 1
+        self.cursor = JsonCursor(depth=1)
         self.closed = 0
-        self.in_string = False
-        self.escaped = False
 
     def feed(self, text: str) -> bool:
         """Read more answer text; True once the answer is complete."""
+        cursor = self.cursor
         for ch in text:
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 1 and ch == "}":
+            if cursor.read(ch) == CLOSE:
+                if cursor.depth == 1 and ch == "}":
                     self.closed += 1
-                if self.depth <= 0 or self.closed >= self.products:
+                if cursor.depth <= 0 or self.closed >= self.products:
                     return True
         return False
 

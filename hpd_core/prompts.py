@@ -261,6 +261,52 @@ def _find_key(entry: dict, name: str) -> str | None:
     return next((k for k in entry if isinstance(k, str) and k.casefold() == folded), None)
 
 
+TEXT, ESCAPE, QUOTE, OPEN, CLOSE, OTHER = "text", "escape", "quote", "open", "close", "other"
+
+
+class JsonCursor:
+    """Reads JSON text a character at a time: inside a string or not (backslash escapes included)
+    and how many brackets are open. ``read`` says what the character was; the readers of answers
+    (``_load_json_object``, the baseline's ``AnswerScanner``, span decoding's ``AnswerSpans``) add
+    what they need on top."""
+
+    __slots__ = ("depth", "in_string", "escaped")
+
+    def __init__(self, depth: int = 0) -> None:
+        self.depth, self.in_string, self.escaped = depth, False, False
+
+    def read(self, ch: str) -> str:
+        """TEXT (a string's own character), ESCAPE (a backslash or the character it escapes),
+        QUOTE (opening or closing a string), OPEN / CLOSE (a bracket outside strings, depth
+        updated) or OTHER (anything else outside strings)."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+                return ESCAPE
+            if ch == "\\":
+                self.escaped = True
+                return ESCAPE
+            if ch == '"':
+                self.in_string = False
+                return QUOTE
+            return TEXT
+        if ch == '"':
+            self.in_string = True
+            return QUOTE
+        if ch in "{[":
+            self.depth += 1
+            return OPEN
+        if ch in "}]":
+            self.depth -= 1
+            return CLOSE
+        return OTHER
+
+    def copy(self) -> JsonCursor:
+        other = JsonCursor(self.depth)
+        other.in_string, other.escaped = self.in_string, self.escaped
+        return other
+
+
 def _load_json_object(text: str) -> dict | None:
     """The JSON object at the start of ``text``; if it is cut off or broken, the longest prefix
     that ends after a complete member, with its open brackets closed. None if nothing parses."""
@@ -272,24 +318,16 @@ def _load_json_object(text: str) -> dict | None:
         pass
     stack: list[str] = []
     cuts: list[tuple[int, str]] = []  # (index of a member-ending comma or closer, closers needed)
-    in_string = escaped = False
+    cursor = JsonCursor()
     for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
+        kind = cursor.read(ch)
+        if kind == OPEN:
             stack.append("}" if ch == "{" else "]")
-        elif ch in "}]":
+        elif kind == CLOSE:
             if not stack or stack.pop() != ch:
                 break
             cuts.append((i + 1, "".join(reversed(stack))))
-        elif ch == ",":
+        elif kind == OTHER and ch == ",":
             cuts.append((i, "".join(reversed(stack))))
     for end, closers in reversed(cuts):
         try:

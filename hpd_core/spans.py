@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hpd_core.prompts import TERMINATORS, closing_quote
+from hpd_core.prompts import OPEN, OTHER, QUOTE, TERMINATORS, TEXT, JsonCursor, closing_quote
 from hpd_core.stopping import WHITESPACE, token_texts
 
 START, STRING, NULL, AFTER, DONE = range(5)
@@ -240,7 +240,7 @@ class AnswerSpans:
     def __init__(self, vocab: SpanVocabulary, products: list, depth: int = 1) -> None:
         self.vocab = vocab
         self.texts = [vocab.product(fields) for fields in products]
-        self.depth, self.in_string, self.escaped = depth, False, False
+        self.cursor = JsonCursor(depth)
         self.key = ""  # the product key being read or last read (depth 1)
         self.product: int | None = None
         self.value: SpanSlot | None = None
@@ -248,6 +248,7 @@ class AnswerSpans:
     def copy(self) -> AnswerSpans:
         other = object.__new__(AnswerSpans)
         other.__dict__.update(self.__dict__)
+        other.cursor = self.cursor.copy()
         if self.value is not None:
             other.value = SpanSlot(self.value.text)
             other.value.state = self.value.state
@@ -264,26 +265,18 @@ class AnswerSpans:
                 if state.mode != DONE:
                     continue
                 self.value = None  # the terminator also counts for the structure below
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-                elif self.depth == 1:
+            kind = self.cursor.read(ch)
+            depth = self.cursor.depth
+            if kind == TEXT:
+                if depth == 1:
                     self.key += ch
-            elif ch == '"':
-                self.in_string = True
-                if self.depth == 1:
+            elif kind == QUOTE:
+                if self.cursor.in_string and depth == 1:
                     self.key = ""
-            elif ch in "{[":
-                self.depth += 1
-                if self.depth == 2:
+            elif kind == OPEN:
+                if depth == 2:
                     self.product = int(self.key) - 1 if self.key.isdigit() and 0 < int(self.key) <= len(self.texts) else None
-            elif ch in "}]":
-                self.depth -= 1
-            elif ch == ":" and self.depth == 2 and self.product is not None:
+            elif kind == OTHER and ch == ":" and depth == 2 and self.product is not None:
                 self.value = self.texts[self.product].slot()
         return True
 
