@@ -94,10 +94,12 @@ class AutoregressiveDecoder(BatchedDecoder):
         self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
+        self._texts: tuple[str, ...] | None = None  # token_texts, held here: len(tokenizer) is slow
 
     def token_text(self, token: int) -> str:
-        texts = token_texts(self.tokenizer)
-        return texts[token] if token < len(texts) else "\ufffd"
+        if self._texts is None:
+            self._texts = token_texts(self.tokenizer)
+        return self._texts[token] if token < len(self._texts) else "\ufffd"
 
     def answer_spans(self, request: Request) -> AnswerSpans:
         """Span decoding: the rule for this request's answer, at the start of what the model writes."""
