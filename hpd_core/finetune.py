@@ -293,7 +293,7 @@ def train(
             checkpoint.save(checkpoint_dir, model, optimizer, scheduler, report, epoch, micro_index, rng_state)
             last_save = time.monotonic()
 
-    window_tokens, window_seconds = 0, 0.0  # for the progress line; validation time excluded
+    window_tokens, window_seconds, window_steps = 0, 0.0, 0  # for the progress line; validation time excluded
     for epoch in range(start_epoch, config.epochs):
         if report.steps >= total:
             break
@@ -330,13 +330,15 @@ def train(
             report.seconds += elapsed
             window_seconds += elapsed
             report.steps += 1
+            window_steps += 1
             report.train_losses.append(step_loss)
             report.epochs = epoch + (first_micro + len(group)) / len(micro)
             if report.steps % config.log_every == 0 or report.steps == total:
-                log.info("step %d/%d epoch %.2f loss %.4f lr %.2e %.0f tokens/s %.2f s/step",
+                log.info("step %d/%d epoch %.2f loss %.4f lr %.2e %.0f tokens/s %.2f s/step, %s to go",
                          report.steps, total, report.epochs, step_loss, scheduler.get_last_lr()[0],
-                         window_tokens / window_seconds, report.seconds / report.steps)
-                window_tokens, window_seconds = 0, 0.0
+                         window_tokens / window_seconds, report.seconds / report.steps,
+                         remaining(total - report.steps, window_seconds / window_steps))
+                window_tokens, window_seconds, window_steps = 0, 0.0, 0
             next_micro = first_micro + len(group)
             if report.steps >= total:
                 break
@@ -352,6 +354,12 @@ def train(
             on_epoch_end(epoch + 1, report)
     model.eval()
     return report
+
+
+def remaining(steps: int, seconds_per_step: float) -> str:
+    """The time ``steps`` more steps take at the recent pace, as the progress line shows it."""
+    minutes = round(steps * seconds_per_step / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
 
 def _fmt(value: float | None) -> str:

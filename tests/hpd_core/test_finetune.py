@@ -8,6 +8,7 @@ cached engine produces while teacher-forcing the same gold tokens: same attentio
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 
 import pytest
@@ -18,7 +19,7 @@ from hpd_core.autoregressive import AutoregressiveDecoder
 from hpd_core.collate import IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, value_tokens
 from hpd_core.config import DecodeConfig, ModelConfig
 from hpd_core.engine import HPDDecoder
-from hpd_core.finetune import TrainConfig, collate_for, mean_loss, prepare_model, save, token_losses, train
+from hpd_core.finetune import TrainConfig, collate_for, mean_loss, prepare_model, remaining, save, token_losses, train
 from hpd_core.layout import build_layout
 from hpd_core.models import load_model
 from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
@@ -197,6 +198,18 @@ def test_five_steps_lower_the_training_loss(tokenizer, decoder):
     assert after < before - 0.1
     assert report.train_losses[-1] < report.train_losses[0]
     assert report.val_losses == [None] * (1 + 5)  # one prompt per epoch: 5 epochs, no validation set
+
+
+def test_progress_line_says_the_time_to_go(tokenizer, caplog):
+    products, attrs = labeled_products(1)
+    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(docs_per_prompt=2, lora_rank=4))
+    config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, lora_rank=4, grad_accum=1, epochs=3, log_every=1)
+    with caplog.at_level(logging.INFO, logger="hpd_core.finetune"):
+        train(model, tokenizer, products * 2, [], attrs, config)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert lines[-1].endswith(", 0m to go")
+    assert remaining(390, 37.0) == "4h00m" and remaining(30, 10.0) == "5m" and remaining(61, 60.0) == "1h01m"
 
 
 def test_saved_adapter_loads_and_changes_outputs(tokenizer, tmp_path):
