@@ -117,8 +117,9 @@ class TrainReport:
 
     steps: int = 0
     epochs: float = 0.0
-    examples_per_epoch: int = 0
-    steps_per_epoch: int = 0
+    examples_per_epoch: list[int] = field(default_factory=list)  # training prompts of each epoch
+    steps_per_epoch: list[int] = field(default_factory=list)  # optimizer steps of each epoch
+    planned_steps: int = 0  # what the learning-rate schedule spans: every epoch's steps (or max_steps)
     train_losses: list[float] = field(default_factory=list)
     val_losses: list[float | None] = field(default_factory=list)
     tokens: int = 0  # input tokens processed (no padding)
@@ -220,6 +221,30 @@ def _stack(products, attributes, config: TrainConfig, rng: random.Random) -> lis
     return stack_examples(products, attributes, config.docs_per_prompt, rng, config.max_docs_per_prompt)
 
 
+def plan_epochs(products, attributes, config: TrainConfig, rng_state) -> list[int]:
+    """The number of training prompts of each epoch. With a mix of J each epoch stacks the products
+    anew, so epochs differ in length; the learning-rate schedule must span their sum. Replays, from
+    the run's starting random state, exactly what ``train`` draws per epoch: the stacking, then a
+    shuffle of that many prompts (a shuffle's draws depend only on the length)."""
+    rng = random.Random()
+    rng.setstate(rng_state)
+    counts = []
+    for _ in range(config.epochs):
+        n = len(_stack(products, attributes, config, rng))
+        rng.shuffle(list(range(n)))
+        counts.append(n)
+    return counts
+
+
+def steps_for(prompts: int, config: TrainConfig) -> int:
+    """Optimizer steps of an epoch of ``prompts`` training prompts (the last step may be partial)."""
+    return math.ceil(math.ceil(prompts / config.batch_size) / config.grad_accum)
+
+
+def _join(values: Sequence[int]) -> str:
+    return ", ".join(map(str, values))
+
+
 def _autocast(model, config: TrainConfig):
     device = model.get_output_embeddings().weight.device.type
     return torch.autocast(device, dtype=torch.bfloat16, enabled=config.autocast == "bfloat16")
@@ -268,12 +293,9 @@ def train(
 
     report = TrainReport()
     epoch_rng_state = rng.getstate()  # stacking and shuffling of an epoch replay from this
-    first = _stack(train_products, attributes, config, rng)
-    report.examples_per_epoch = len(first)
-    report.steps_per_epoch = math.ceil(math.ceil(len(first) / config.batch_size) / config.grad_accum)
-    total = report.steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
+    examples_per_epoch = plan_epochs(train_products, attributes, config, rng_state=epoch_rng_state)
+    steps_per_epoch = [steps_for(n, config) for n in examples_per_epoch]
+    total = sum(steps_per_epoch) if config.max_steps is None else min(sum(steps_per_epoch), config.max_steps)
     scheduler = schedule(optimizer, total, config.warmup_ratio)
     start_epoch, start_micro = 0, 0
     state = checkpoint.load(checkpoint_dir) if resume and checkpoint_dir is not None else None
@@ -282,8 +304,9 @@ def train(
         log.info("resumed at step %d (epoch %d, micro-batch %d)", report.steps, start_epoch, start_micro)
     else:
         report.val_losses.append(mean_loss(model, tokenizer, val_feats, config.batch_size))
-    log.info("%d training prompts/epoch, %d optimizer steps/epoch, %d steps; val loss %s",
-             len(first), report.steps_per_epoch, total, _fmt(report.val_losses[0]))
+    report.examples_per_epoch, report.steps_per_epoch, report.planned_steps = examples_per_epoch, steps_per_epoch, total
+    log.info("%s training prompts and %s optimizer steps per epoch, %d steps; val loss %s",
+             _join(report.examples_per_epoch), _join(report.steps_per_epoch), total, _fmt(report.val_losses[0]))
 
     last_save = time.monotonic()
 
@@ -306,6 +329,8 @@ def train(
             report.truncated_slots = sum(f.truncated_slots for f in feats)
         rng.shuffle(feats)
         micro = batches(feats, config.batch_size)
+        if len(feats) != report.examples_per_epoch[epoch]:  # plan_epochs replays exactly this
+            raise RuntimeError(f"epoch {epoch + 1} has {len(feats)} prompts, planned {report.examples_per_epoch[epoch]}")
         first_micro = start_micro if epoch == start_epoch else 0
         for first_micro in range(first_micro, len(micro), config.grad_accum):
             group = micro[first_micro : first_micro + config.grad_accum]

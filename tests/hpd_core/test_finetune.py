@@ -280,7 +280,7 @@ def test_resume_equals_uninterrupted_run(tokenizer, tmp_path, where):
     config = TrainConfig(docs_per_prompt=1, max_docs_per_prompt=3, max_value_tokens=K_MAX, epochs=2, grad_accum=2,
                          lora_rank=4, lr=1e-3, log_every=100)
     whole, whole_report = _resume_run(tokenizer, tmp_path / "a", config, None)
-    per_epoch = whole_report.steps_per_epoch
+    per_epoch = whole_report.steps_per_epoch[0]
     assert per_epoch >= 3
     stop_after = {"epoch 0": 2, "epoch end": per_epoch, "epoch 1": per_epoch + 1}[where]
     resumed, resumed_report = _resume_run(tokenizer, tmp_path / "b", config, stop_after)
@@ -290,6 +290,20 @@ def test_resume_equals_uninterrupted_run(tokenizer, tmp_path, where):
     a, b = dict(whole.named_parameters()), dict(resumed.named_parameters())
     trained = [n for n, p in a.items() if p.requires_grad]
     assert trained and all(torch.equal(a[n], b[n]) for n in trained)
+
+
+def test_schedule_spans_every_epoch_of_a_j_mix(tokenizer, tmp_path):
+    """With a mix of J each epoch stacks the products anew into a different number of prompts: the
+    run takes every epoch's steps and the learning-rate schedule ends (at 0) on the last of them."""
+    config = TrainConfig(docs_per_prompt=1, max_docs_per_prompt=3, max_value_tokens=K_MAX, epochs=3, grad_accum=1,
+                         lora_rank=4, lr=1e-3, log_every=100)
+    products, attributes = labeled_products(24)
+    model = prepare_model(tiny_model("llama", len(tokenizer), seed=1), config)
+    report = train(model, tokenizer, products, products[:4], attributes, config, tmp_path)
+    assert len(set(report.examples_per_epoch)) > 1  # the epochs do differ in length
+    assert report.steps == report.planned_steps == sum(report.steps_per_epoch)
+    assert round(report.epochs, 6) == 3.0
+    assert len(report.val_losses) == 4
 
 
 def test_mixed_j_stacks_every_size_in_range():
