@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
 from hpd_core.config import ATTENTION, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
-from hpd_core.models import resolve_dtype
+from hpd_core.models import emulated_dtype_warning, resolve_dtype
 
 
 def _ints(text: str) -> list[int]:
@@ -138,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_args(args)
     args.dtype = resolve_dtype(args.dtype, args.device)  # the report names the dtype that ran
+    if (warning := emulated_dtype_warning(args.dtype, args.device)) is not None:
+        print(f"hpd bench: warning: --dtype {warning}", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)

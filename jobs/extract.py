@@ -165,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
     plan = preflight(config, args)  # every check; nothing written yet
+    if config.address is None and config.extract.decoder != DRY_RUN:  # actors on this machine
+        from hpd_core.models import emulated_dtype_warning
+
+        if (warning := emulated_dtype_warning(config.extract.dtype, "cpu")) is not None:
+            print(f"hpd extract: warning: --dtype {warning} (actors on a GPU are not affected)", file=sys.stderr)
     output = config.output.uri
     if plan.complete:
         report = io.read_json(io.join(output, "_report.json"))

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hpd_core import finetune
-    from hpd_core.models import bare_model_name, load_model
+    from hpd_core.models import bare_model_name, emulated_dtype_warning, load_model
     from training import data as gold
 
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
@@ -144,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
             f"base model: use --model {bare}"
         )
     model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
+    for flag, dtype in (("--dtype", args.dtype), ("--autocast", config.autocast)):
+        if dtype is not None and (warning := emulated_dtype_warning(dtype, args.device)) is not None:
+            logging.warning("%s %s", flag, warning)
 
     sources = gold.resolve_sources(args.train, args.attributes, args.gold)
     data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)

@@ -214,3 +214,17 @@ def test_auto_dtype_is_bf16_on_gpus_and_on_cpus_with_native_bf16_only():
     assert resolve_dtype("auto", "cpu") == ("bfloat16" if cpu_has_fast_bf16() else "float32")
     for name in ("float32", "bfloat16", "float16"):
         assert resolve_dtype(name, "cpu") == resolve_dtype(name, "cuda") == name  # explicit wins
+
+
+def test_16_bit_weights_on_a_cpu_without_native_bf16_are_warned_about():
+    from hpd_core.models import emulated_dtype_warning
+
+    avx2 = "flags\t\t: fpu sse2 avx2 fma\n"
+    native = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    for name in ("bfloat16", "float16"):
+        warning = emulated_dtype_warning(name, "cpu", avx2)
+        assert warning is not None and warning.startswith(name) and "float32" in warning
+        assert emulated_dtype_warning(name, "cpu", native) is None
+        assert emulated_dtype_warning(name, "cuda:0", avx2) is None  # a GPU computes it natively
+    for name in ("float32", "auto"):  # auto resolves to float32 on such a CPU
+        assert emulated_dtype_warning(name, "cpu", avx2) is None
