@@ -14,7 +14,7 @@
 #   mkdir -p /tmp/hpd-aside && mv benchmarks/adapters hpd_core/adapters /tmp/hpd-aside/
 #   (call the device tool with carry [".gpu"], then move the two folders back)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 OUT=${OUT:-gpu-out}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
