@@ -11,8 +11,9 @@
 # The working tree that travels to the device is capped at 64 MiB and the adapters alone are
 # 190 MB, so before the call, on the CPU machine (docs/gpu-session.md has the whole procedure):
 #   python scripts/save_tokenizer.py .gpu/tokenizer       # the benchmarks' tokenizer, ~3.5 MB
-#   mkdir -p /tmp/hpd-aside && mv benchmarks/adapters hpd_core/adapters /tmp/hpd-aside/
-#   (call the device tool with carry [".gpu"], then move the two folders back)
+#   mkdir -p /tmp/hpd-aside && mv benchmarks/adapters /tmp/hpd-aside/bench-adapters \
+#     && mv hpd_core/adapters /tmp/hpd-aside/core-adapters
+#   (call the device tool with carry [".gpu"], then move both folders back to where they were)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 OUT=${OUT:-gpu-out}
