@@ -219,7 +219,7 @@ def emulated_dtype_warning(name: str, device: str, cpuinfo: str | None = None) -
     if device.startswith("cuda") or name not in ("bfloat16", "float16") or cpu_has_fast_bf16(cpuinfo):
         return None
     return (f"{name} on this CPU (no AVX-512 BF16 or AMX) is emulated and several times slower than "
-            "float32: use --dtype auto (float32 here) unless you are checking bf16 results")
+            "float32 (which --dtype auto picks here); keep it for checking bf16 results only")
 
 
 def torch_dtype(name: str, device: str = "cpu"):
