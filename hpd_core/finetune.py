@@ -126,6 +126,7 @@ class TrainReport:
     label_tokens: int = 0
     truncated_slots: int = 0  # HPD gold values cut at K_max (first epoch)
     seconds: float = 0.0
+    stopped: bool = False  # ended early (stop_after_steps / stop_after_epoch), resumable from its checkpoint
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -271,6 +272,7 @@ def train(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     stop_after_steps: int | None = None,
+    stop_after_epoch: int | None = None,
     on_epoch_end: Callable[[int, TrainReport], None] | None = None,
 ) -> TrainReport:
     """Fine-tune ``model`` (already passed through ``prepare_model``) in place; return the report.
@@ -278,7 +280,10 @@ def train(
     With ``checkpoint_dir`` the whole training state is saved there every
     ``config.checkpoint_minutes`` and at each epoch's end (checkpoint.py); ``resume`` continues
     from it. ``stop_after_steps`` ends the run after that many optimizer steps, checkpointed, as an
-    interruption would (tests; a resumed run then finishes the same schedule).
+    interruption would (tests; a resumed run then finishes the same schedule); ``stop_after_epoch``
+    likewise after that epoch (validated, checkpointed and passed to ``on_epoch_end``): a long run in
+    sittings, or several learning rates compared after one epoch of the same schedule before the
+    best is continued. A stopped run's report has ``stopped`` set.
     ``on_epoch_end(n, report)`` runs after epoch ``n`` (1-based) is validated and checkpointed, with
     the model in that epoch's state (e.g. to save each epoch's adapter for selection on validation).
     """
@@ -369,6 +374,7 @@ def train(
                 break
             if stop_after_steps is not None and report.steps >= stop_after_steps:
                 save_state(epoch, next_micro, epoch_rng_state)
+                report.stopped = True
                 return report
             if time.monotonic() - last_save >= 60 * config.checkpoint_minutes and next_micro < len(micro):
                 save_state(epoch, next_micro, epoch_rng_state)
@@ -377,6 +383,9 @@ def train(
         save_state(epoch + 1, 0, rng.getstate())
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, report)
+        if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch and epoch + 1 < config.epochs:
+            report.stopped = True
+            break
     model.eval()
     return report
 

@@ -83,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
     train.add_argument("--checkpoint-minutes", type=float, help="save the training state this often (default 5) in OUT/checkpoint/")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (same result as an uninterrupted run)")
+    train.add_argument("--stop-after-epoch", type=int, metavar="N",
+                       help="end this sitting after epoch N, checkpointed; the same command with --resume continues "
+                            "the same schedule (a long run in sittings, or learning rates compared after epoch N)")
     train.add_argument("--save-epochs", action="store_true",
                        help="also save each epoch's adapter (or model, with --full) in OUT/epoch-N/, to choose on validation")
 
@@ -135,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     from hpd_core.models import bare_model_name, emulated_dtype_warning, load_model
     from training import data as gold
 
+    if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
+        raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
     config = finetune.TrainConfig(docs_per_prompt=args.docs_per_prompt, max_value_tokens=args.max_value_tokens, **options)
     bare = bare_model_name(args.model)
@@ -172,8 +177,14 @@ def run(args: argparse.Namespace) -> int:
         logging.info("epoch %d saved to %s", epoch, folder)
 
     report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config,
-                            checkpoint_dir=checkpoints, resume=args.resume,
+                            checkpoint_dir=checkpoints, resume=args.resume, stop_after_epoch=args.stop_after_epoch,
                             on_epoch_end=save_epoch if args.save_epochs else None)
+    if report.stopped:
+        logging.info("stopped after epoch %d of %d as asked; continue with the same command and --resume "
+                     "(without --stop-after-epoch, or a later one)", round(report.epochs), config.epochs)
+        print(json.dumps({"out": str(args.out), "stopped": True, "steps": report.steps, "epochs": report.epochs,
+                          "val_losses": report.val_losses}))
+        return 0
     finetune.save(model, tokenizer, args.out, config.full)
     shutil.rmtree(checkpoints, ignore_errors=True)  # the run is complete: its result is saved
 

@@ -292,6 +292,35 @@ def test_resume_equals_uninterrupted_run(tokenizer, tmp_path, where):
     assert trained and all(torch.equal(a[n], b[n]) for n in trained)
 
 
+def test_stop_after_epoch_then_resume_equals_uninterrupted_run(tokenizer, tmp_path):
+    """A run in sittings: stopped after epoch 1 of 3 (checkpointed, the epoch's hook called), then
+    resumed, it ends exactly where the uninterrupted run ends."""
+    config = TrainConfig(docs_per_prompt=1, max_docs_per_prompt=3, max_value_tokens=K_MAX, epochs=3, grad_accum=2,
+                         lora_rank=4, lr=1e-3, log_every=100)
+    products, attributes = labeled_products(24)
+    val = products[:4]
+
+    def fresh():
+        return prepare_model(tiny_model("llama", len(tokenizer), seed=1), config)
+
+    whole_model = fresh()
+    whole = train(whole_model, tokenizer, products, val, attributes, config, tmp_path / "a")
+    assert not whole.stopped
+    ended = []
+    model = fresh()
+    first = train(model, tokenizer, products, val, attributes, config, tmp_path / "b", stop_after_epoch=1,
+                  on_epoch_end=lambda n, report: ended.append(n))
+    assert first.stopped and ended == [1]
+    assert first.steps == whole.steps_per_epoch[0] and len(first.val_losses) == 2
+    model = fresh()
+    rest = train(model, tokenizer, products, val, attributes, config, tmp_path / "b", resume=True,
+                 on_epoch_end=lambda n, report: ended.append(n))
+    assert not rest.stopped and ended == [1, 2, 3]
+    assert rest.train_losses == whole.train_losses and rest.val_losses == whole.val_losses
+    a, b = dict(whole_model.named_parameters()), dict(model.named_parameters())
+    assert all(torch.equal(a[n], b[n]) for n, p in a.items() if p.requires_grad)
+
+
 def test_schedule_spans_every_epoch_of_a_j_mix(tokenizer, tmp_path):
     """With a mix of J each epoch stacks the products anew into a different number of prompts: the
     run takes every epoch's steps and the learning-rate schedule ends (at 0) on the last of them."""

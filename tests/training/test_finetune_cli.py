@@ -160,3 +160,24 @@ def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
     assert "--model default-base" in capsys.readouterr().err
     assert main(["finetune", "--train", str(data_dir), "--model", "smollm2-135m-hpd", "--out", str(out)]) == 2
     assert "use --model smollm2-135m" in capsys.readouterr().err
+
+
+def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
+    """A run in two sittings: the first stops after epoch 1 (its adapter kept with --save-epochs, the
+    checkpoint kept, no final adapter), the same command with --resume finishes the schedule."""
+    out = tmp_path / "run"
+    argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
+            "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4", "--epochs", "2",
+            "--grad-accum", "1", "--val-fraction", "0.34", "--lr", "1e-2", "--save-epochs"]  # fmt: skip
+    assert main(argv + ["--stop-after-epoch", "1"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["stopped"] and len(first["val_losses"]) == 2
+    assert (out / "checkpoint" / "checkpoint.pt").is_file() and (out / "epoch-1").is_dir()
+    assert not (out / CONFIG_FILE).exists() and not (out / "epoch-2").exists()
+    assert main(argv + ["--resume"]) == 0
+    record = json.loads((out / CONFIG_FILE).read_text())
+    assert record["report"]["steps"] > first["steps"] and len(record["report"]["val_losses"]) == 3
+    assert record["report"]["val_losses"][:2] == first["val_losses"]
+    assert (out / "epoch-2").is_dir() and not (out / "checkpoint").exists()
+    assert main(argv + ["--stop-after-epoch", "0"]) == 2
+    assert "--stop-after-epoch" in capsys.readouterr().err
