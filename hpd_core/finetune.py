@@ -29,8 +29,8 @@ from hpd_core.types import Attribute
 log = logging.getLogger(__name__)
 
 FINETUNE_DECODERS = ("hpd", "ar")
-DEFAULT_LORA_LR = 2e-4
-DEFAULT_FULL_LR = 2e-5
+DEFAULT_LORA_LR = 5e-4  # the shipped default's recipe (README, Quality: the recipe search)
+DEFAULT_FULL_LR = 5e-5
 LORA_TARGETS = "all-linear"  # every attention and MLP projection; never the LM head
 
 
@@ -38,8 +38,10 @@ LORA_TARGETS = "all-linear"  # every attention and MLP projection; never the LM 
 class TrainConfig:
     """How to fine-tune.
 
-    docs_per_prompt: J, products per training prompt (use the J the extraction runs with), or
-        with ``max_docs_per_prompt`` the smallest J of a mix: each prompt draws J uniformly.
+    docs_per_prompt, max_docs_per_prompt: each training prompt draws J, its number of products,
+        uniformly from docs_per_prompt..max_docs_per_prompt (default 1..8: the model learns where a
+        product ends whatever J extraction uses); max_docs_per_prompt None: always docs_per_prompt.
+    The defaults are the recipe of the shipped default adapter (README, Quality).
     skeleton: where HPD's keys go (DecodeConfig.skeleton); extraction must use the same.
     full: full fine-tuning of the body (every weight but the token embeddings and the LM head,
         which stay frozen unless ``train_embeddings``); else LoRA on every linear projection.
@@ -54,15 +56,15 @@ class TrainConfig:
     warmup_ratio: fraction of the optimizer steps with linearly rising LR; then linear decay to 0.
     """
 
-    docs_per_prompt: int
-    max_docs_per_prompt: int | None = None
+    docs_per_prompt: int = 1
+    max_docs_per_prompt: int | None = 8
     decoder: str = "hpd"
     skeleton: str = "interleaved"
     max_value_tokens: int = DecodeConfig().max_value_tokens
     full: bool = False
     train_embeddings: bool = False
-    lora_rank: int = 16
-    lora_alpha: int = 32
+    lora_rank: int = 64
+    lora_alpha: int = 128
     lora_dropout: float = 0.05
     lr: float | None = None
     weight_decay: float = 0.0

@@ -6,7 +6,8 @@
 records file (JSONL/Parquet; ``--attributes`` and ``--gold`` default to the files beside it). With
 ``--teacher URI`` the targets are the teacher's ``attributes/`` output instead of gold
 (distillation). Products are held out for validation (``--val-fraction``), the rest are stacked J
-per prompt (``--docs-per-prompt``, the same J for both decoders). The adapter (or, with
+per prompt (by default a mix of J = 1..8 per prompt; ``--docs-per-prompt``, ``--max-docs-per-prompt``;
+the same for both decoders). The adapter (or, with
 ``--full``, the whole model) is saved in ``--out`` with ``training_config.json``; load it with
 ``ModelConfig(name=MODEL, adapter=OUT)`` (``hpd extract --adapter OUT``).
 
@@ -27,7 +28,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DTYPES, SKELETONS, DecodeConfig, ModelConfig
-from pipelines.stacking import StackingConfig
 
 CONFIG_FILE = "training_config.json"
 EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="products held out for validation loss (default %(default)s)"
     )
     data.add_argument(
-        "--docs-per-prompt", type=int, default=StackingConfig().docs_per_prompt, help="J products per prompt (default %(default)s, as extraction)"
+        "--docs-per-prompt", type=int, metavar="J",
+        help="products per training prompt: alone, always J; with --max-docs-per-prompt the smallest J of the mix "
+             "(default: the mix 1..8 of the shipped recipe)",
     )
     data.add_argument(
         "--max-value-tokens", type=int, default=DecodeConfig().max_value_tokens, help="K_max (default %(default)s, as extraction)"
@@ -77,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--log-every", type=int, help="progress line every N optimizer steps (default 10)")
     train.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
     train.add_argument("--max-docs-per-prompt", type=int, metavar="J_MAX",
-                       help="train on a mix of J: each prompt draws J from --docs-per-prompt..J_MAX")
+                       help="train on a mix of J: each prompt draws J from --docs-per-prompt (default 1)..J_MAX")
     train.add_argument("--skeleton", choices=SKELETONS, help="where HPD's keys go (default interleaved); extract with the same")
     train.add_argument("--train-embeddings", action="store_true", help="with --full, also train the token embeddings / LM head")
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
@@ -90,10 +92,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="also save each epoch's adapter (or model, with --full) in OUT/epoch-N/, to choose on validation")
 
 
+def docs_options(args: argparse.Namespace) -> dict:
+    """J of the training prompts: ``--docs-per-prompt J`` alone is always J; with
+    ``--max-docs-per-prompt`` (or that alone, from TrainConfig's smallest J) a mix; neither: the
+    TrainConfig default mix."""
+    if args.docs_per_prompt is None:
+        return {} if args.max_docs_per_prompt is None else {"max_docs_per_prompt": args.max_docs_per_prompt}
+    return {"docs_per_prompt": args.docs_per_prompt, "max_docs_per_prompt": args.max_docs_per_prompt}
+
+
 TRAIN_OPTIONS = (
     "decoder", "full", "lora_rank", "lora_alpha", "lora_dropout", "lr", "weight_decay", "warmup_ratio",
     "max_grad_norm", "batch_size", "grad_accum", "epochs", "max_steps", "seed", "log_every",
-    "gradient_checkpointing", "max_docs_per_prompt", "skeleton", "train_embeddings", "autocast", "checkpoint_minutes",
+    "gradient_checkpointing", "skeleton", "train_embeddings", "autocast", "checkpoint_minutes",
 )  # fmt: skip
 
 
@@ -141,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
-    config = finetune.TrainConfig(docs_per_prompt=args.docs_per_prompt, max_value_tokens=args.max_value_tokens, **options)
+    config = finetune.TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
     bare = bare_model_name(args.model)
     if bare is not None:
         raise ValueError(

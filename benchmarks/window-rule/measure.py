@@ -91,7 +91,7 @@ def main() -> None:
     rows = []
     for skeleton in ("after-products", "interleaved"):
         for docs in args.docs:
-            config = TrainConfig(docs_per_prompt=docs, skeleton=skeleton)
+            config = TrainConfig(max_docs_per_prompt=None, docs_per_prompt=docs, skeleton=skeleton)
             examples = stack_examples(products, data.attributes, docs, random.Random(0))
             feats = to_features(tokenizer, examples, config)
             longest = max(max(f.position_ids) for f in feats)

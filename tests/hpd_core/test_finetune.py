@@ -184,8 +184,9 @@ def labeled_products(n: int, seed: int = 0) -> tuple[list[Labeled], dict]:
 def test_five_steps_lower_the_training_loss(tokenizer, decoder):
     products, attrs = labeled_products(1)
     repeated = products * 2
-    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(docs_per_prompt=2, lora_rank=4))
-    config = TrainConfig(docs_per_prompt=2, decoder=decoder, max_value_tokens=K_MAX, lora_rank=4, lr=2e-2,
+    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(lora_rank=4))
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, decoder=decoder, max_value_tokens=K_MAX,
+                         lora_rank=4, lr=2e-2,
                          grad_accum=1, epochs=10, max_steps=5, warmup_ratio=0.0)
     example = stack_examples(repeated, attrs, 2, random.Random(0))
     from hpd_core.finetune import to_features
@@ -202,8 +203,9 @@ def test_five_steps_lower_the_training_loss(tokenizer, decoder):
 
 def test_progress_line_says_the_time_to_go(tokenizer, caplog):
     products, attrs = labeled_products(1)
-    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(docs_per_prompt=2, lora_rank=4))
-    config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, lora_rank=4, grad_accum=1, epochs=3, log_every=1)
+    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(lora_rank=4))
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, lora_rank=4, grad_accum=1,
+                         epochs=3, log_every=1)
     with caplog.at_level(logging.INFO, logger="hpd_core.finetune"):
         train(model, tokenizer, products * 2, [], attrs, config)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
@@ -218,7 +220,8 @@ def test_saved_adapter_loads_and_changes_outputs(tokenizer, tmp_path):
     tokenizer.save_pretrained(base_dir)
     base, _ = load_model(ModelConfig(name=str(base_dir)))
     products, attrs = labeled_products(4)
-    config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, lora_rank=4, lr=2e-2, grad_accum=1, max_steps=3)
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, lora_rank=4, lr=2e-2,
+                         grad_accum=1, max_steps=3)
     model = prepare_model(load_model(ModelConfig(name=str(base_dir)))[0], config)
     train(model, tokenizer, products, products[:1], attrs, config)
     save(model, tokenizer, tmp_path / "adapter", full=False)
@@ -233,7 +236,8 @@ def test_saved_adapter_loads_and_changes_outputs(tokenizer, tmp_path):
 
 def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
     products, attrs = labeled_products(2)
-    config = TrainConfig(docs_per_prompt=2, max_value_tokens=K_MAX, full=True, lr=1e-3, grad_accum=1, max_steps=2)
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, full=True, lr=1e-3,
+                         grad_accum=1, max_steps=2)
     model = prepare_model(tiny_model("llama", len(tokenizer)), config)
     embeddings = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     assert all(p.requires_grad == (id(p) not in embeddings) for p in model.parameters())  # the body only
@@ -254,7 +258,7 @@ def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
 )
 def test_train_config_validation(kwargs):
     with pytest.raises(ValueError):
-        TrainConfig(**{"docs_per_prompt": 2, **kwargs})
+        TrainConfig(**{"docs_per_prompt": 2, "max_docs_per_prompt": None, **kwargs})
 
 
 def _resume_run(tokenizer, tmp_path, config, stop_after):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main
-from jobs.finetune import CONFIG_FILE, EPOCH_FILE, split
+from jobs.finetune import CONFIG_FILE, EPOCH_FILE, docs_options, split
 from training import data as gold
 
 ATTRIBUTES = {"Shoes": ["Brand", "Color", "Size"], "Food": ["Brand", "Flavor"]}
@@ -181,3 +181,20 @@ def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     assert (out / "epoch-2").is_dir() and not (out / "checkpoint").exists()
     assert main(argv + ["--stop-after-epoch", "0"]) == 2
     assert "--stop-after-epoch" in capsys.readouterr().err
+
+
+def test_docs_per_prompt_options_map_to_the_mix():
+    """--docs-per-prompt alone fixes J; --max-docs-per-prompt makes a mix; neither: the recipe's mix."""
+    import argparse
+
+    from hpd_core.finetune import TrainConfig
+
+    def config(docs, top):
+        return TrainConfig(**docs_options(argparse.Namespace(docs_per_prompt=docs, max_docs_per_prompt=top)))
+
+    default = TrainConfig()
+    assert (config(None, None).docs_per_prompt, config(None, None).max_docs_per_prompt) == (1, 8)
+    assert (default.docs_per_prompt, default.max_docs_per_prompt) == (1, 8)
+    assert (config(6, None).docs_per_prompt, config(6, None).max_docs_per_prompt) == (6, None)
+    assert (config(None, 4).docs_per_prompt, config(None, 4).max_docs_per_prompt) == (1, 4)
+    assert (config(2, 5).docs_per_prompt, config(2, 5).max_docs_per_prompt) == (2, 5)
