@@ -136,7 +136,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         extract=extract,
         output=OutputConfig(output_uri, run_id),
         report=ReportConfig(**_given(price_per_hour=args.price_per_hour)),
-        resources=ResourceConfig(**_given(max_actors=args.max_actors)),
+        resources=ResourceConfig(**_given(max_actors=args.max_actors, actor_restarts=args.actor_restarts)),
         skip_existing=skip_existing,
         address=args.address,
         arguments=arguments,

@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-rows", type=int,
                         help=f"rows per chunk, the unit of work, commit and resume (default: {ReadConfig.chunk_rows})")
     parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU, or what the CPUs allow)")
+    parser.add_argument("--actor-restarts", type=int, metavar="N",
+                        help="times an extract actor whose process died (lost node, out of memory, crash) is started "
+                        f"again before the job stops with the cause (default: 3)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Ray's logs and progress bars and the workers' output (default: only this job's "
                         "progress line, warnings and summary)")
@@ -80,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"dry-run decoder only: simulated decode time per prompt (default: {DryRunConfig.seconds_per_prompt})")
     parser.add_argument("--dry-run-fail", action="append", metavar="[MODE:]PRODUCT_ID",
                         help=f"dry-run decoder only, repeatable: prompts holding this product fail; MODE {'|'.join(FAILURE_MODES)} "
-                        "(default raise: every time; flaky: the first time; error: reported by the engine)")
+                        "(default raise: every time; flaky: the first time; error: reported by the engine; "
+                        "crash: the actor's process exits, as when it is killed for memory)")
 
 
 def _summary(report: dict, output: str) -> str:
@@ -131,8 +135,22 @@ def _run_on_ray(config, args) -> dict:
                 skip_existing=config.skip_existing,
                 arguments=config.arguments,
             )
+    except ray.exceptions.ActorDiedError as err:  # an extract actor's process died more often than allowed
+        if err.actor_init_failed:  # its constructor raised: the cause is the user's error
+            raise CommandFailed(f"{root_cause(err)}; {INTERRUPTED}") from err
+        raise CommandFailed(f"{actor_died(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err
     except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
         raise CommandFailed(f"{root_cause(err)}; {INTERRUPTED}") from err
+
+
+def actor_died(err: BaseException, restarts: int) -> str:
+    """One line for an actor whose process died once more after ``restarts`` restarts: Ray's exit detail
+    (the whole message holds ids, pid and a paragraph of advice) and what to change."""
+    detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", str(err))
+    why = f": {detail[1]}" if detail else ""
+    return (f"an extract actor's process died {restarts + 1} time(s) (--actor-restarts {restarts}){why} "
+            "Out of memory is the usual cause: fewer actors per node (--max-actors), smaller --chunk-rows or "
+            "--docs-per-prompt, or nodes with more memory; Ray's logs (/tmp/ray/session_latest/logs) name it")
 
 
 def root_cause(err: BaseException) -> str:

@@ -59,6 +59,10 @@ class ResourceConfig:
         memory only grows (its heap, and the object store pages it has touched), so long runs
         recycle the processes of the task stages; a prepare task (a whole shard) always gets a
         fresh one.
+    actor_restarts: how many times each extract actor is started again after its process died (a
+        lost node, an out-of-memory kill, a crash) before the job stops with the cause; the chunk in
+        hand is retried on the new process. Ray Data's own default restarts an actor without end, so
+        an actor killed for memory on every chunk kept a job at 0% for as long as it was left to run.
     """
 
     io_cpus: float = 0.25
@@ -71,6 +75,7 @@ class ResourceConfig:
     tasks_in_flight_per_actor: int = 2
     store_chunks_per_actor: int = 8
     writes_per_worker: int = 256
+    actor_restarts: int = 3
 
     def __post_init__(self) -> None:
         for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
@@ -81,6 +86,8 @@ class ResourceConfig:
             value = getattr(self, name)
             if not (value is None and name in optional) and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.actor_restarts, int) or self.actor_restarts < 0:
+            raise ValueError(f"actor_restarts must be an int >= 0, got {self.actor_restarts!r}")
 
     def object_store_bytes(self, actors: int, chunk_bytes: int) -> int:
         """The cap on the object store memory the job's chunks hold at once (``bound_object_store``)."""
@@ -148,6 +155,7 @@ def build_dataset(
         ),
         num_cpus=sizing.num_cpus,
         num_gpus=sizing.num_gpus,
+        max_restarts=resources.actor_restarts,
     )
     return ds.map_batches(
         commit.write_chunk,

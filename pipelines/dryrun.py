@@ -6,12 +6,15 @@ pipeline smoke tests (``--decoder dry-run``) and the memory-boundedness test.
 ``seconds_per_prompt`` simulates decode time, to watch backpressure and to give tests time to kill
 a running job. ``failures`` makes prompts holding given products fail, the way a real decoder can:
 ``raise`` (every call raises), ``flaky`` (the first call holding the product raises, later ones
-succeed) or ``error`` (the engine's own per-prompt error: ``Result.error`` set, as for a prompt
-that does not fit in device memory even alone). They exercise the extract stage's failure path.
+succeed), ``error`` (the engine's own per-prompt error: ``Result.error`` set, as for a prompt
+that does not fit in device memory even alone) or ``crash`` (the process exits at once, as when
+the kernel or Ray's memory monitor kills an actor for memory). They exercise the failure paths of
+the extract stage and of the actor pool.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -19,7 +22,8 @@ from hpd_core.types import Request, Result, Value
 
 DRY_RUN = "dry-run"
 CHARS_PER_TOKEN = 4  # the usual rough rate for English text with BPE vocabularies
-FAILURE_MODES = ("raise", "flaky", "error")
+CRASH_EXIT_CODE = 137  # what a process killed by SIGKILL reports
+FAILURE_MODES = ("raise", "flaky", "error", "crash")
 
 
 class DryRunFailure(RuntimeError):
@@ -76,6 +80,8 @@ class DryRunDecoder:
         if self.config.seconds_per_prompt:
             time.sleep(self.config.seconds_per_prompt * len(requests))
         failing = [failure for failure in map(self._mode, requests) if failure and failure[0] != "error"]
+        if any(mode == "crash" for mode, _ in failing):
+            os._exit(CRASH_EXIT_CODE)  # no cleanup, no exception: like a SIGKILL
         results = []
         for request in requests:  # like the engine, prompts before a failing one finish (and are reported)
             failure = self._mode(request)

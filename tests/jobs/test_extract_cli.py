@@ -18,6 +18,7 @@ import pytest
 from jobs import checks, extract
 from jobs.quiet import StderrFilter
 from pipelines import io
+from pipelines.build import ResourceConfig
 from tests.pipelines.helpers import (
     REPO,
     SAMPLE,
@@ -272,3 +273,34 @@ def test_quickstart_twice_with_and_without_limit(ray_cluster, tmp_path):
     for noise in ("core_worker.cc", "Total Progress", "logging_progress", "Execution plan", "MapWorker", "Traceback"):
         assert noise not in quiet, noise
     assert f"report:           {tmp_path / 'qs-decoder-dry-run'}/_report.md" in runs[1].stdout
+
+
+def test_an_actor_that_keeps_dying_stops_the_job_after_its_restarts(ray_cluster, tmp_path):
+    """An actor killed on every try (as for memory) is restarted --actor-restarts times, then the job
+    stops with the cause in one line; Ray Data's default would restart it without end (the driver's
+    timeout below would fail the test)."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([{"product_id": f"p{i}", "category": "Tea", "title": f"tea {i}"} for i in range(12)]))
+    output = str(tmp_path / "out")
+    argv = extract_args(source, output, "--chunk-rows", 4, "--max-actors", 1, "--actor-restarts", 1,
+                        "--dry-run-fail", "crash:p9")
+    driver = start_extract(argv, ray_cluster.address)
+    try:
+        log = driver.communicate(timeout=2 * WAIT_SECONDS)[0].decode()  # a restart is a new worker process
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        pytest.fail(f"the job still ran after {2 * WAIT_SECONDS} s: its dying actor was restarted without end")
+    assert driver.returncode == 1, log[-3000:]
+    (line,) = [line for line in log.splitlines() if line.startswith("hpd extract: failed:")]
+    assert "an extract actor's process died 2 time(s) (--actor-restarts 1): " in line
+    assert "Worker unexpectedly exits" in line and "--max-actors" in line and "run the same command again" in line
+    assert "Traceback" not in log
+    assert not io.exists(io.join(output, "_report.json"))
+
+
+def test_actor_restarts_must_be_a_count(no_ray, tmp_path, capsys):
+    assert run_extract(extract_args(SAMPLE, tmp_path / "out", "--actor-restarts", -1)) == 2
+    assert "--actor-restarts must be an int >= 0, got -1" in capsys.readouterr().err
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    assert f"(default: {ResourceConfig.actor_restarts})" in " ".join(parser.format_help().split())
