@@ -135,28 +135,36 @@ def _run_on_ray(config, args) -> dict:
                 skip_existing=config.skip_existing,
                 arguments=config.arguments,
             )
-    except ray.exceptions.ActorDiedError as err:  # an extract actor's process died more often than allowed
-        if err.actor_init_failed:  # its constructor raised: the cause is the user's error
-            raise CommandFailed(f"{root_cause(err)}; {INTERRUPTED}") from err
-        raise CommandFailed(f"{actor_died(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err
     except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
-        raise CommandFailed(f"{root_cause(err)}; {INTERRUPTED}") from err
+        raise CommandFailed(f"{failure_line(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err
 
 
-def actor_died(err: BaseException, restarts: int) -> str:
-    """One line for an actor whose process died once more after ``restarts`` restarts: Ray's exit detail
-    (the whole message holds ids, pid and a paragraph of advice) and what to change."""
-    detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", str(err))
-    why = f": {detail[1]}" if detail else ""
-    return (f"an extract actor's process died {restarts + 1} time(s) (--actor-restarts {restarts}){why} "
-            "Out of memory is the usual cause: fewer actors per node (--max-actors), smaller --chunk-rows or "
-            "--docs-per-prompt, or nodes with more memory; Ray's logs (/tmp/ray/session_latest/logs) name it")
+MEMORY_ADVICE = ("Out of memory is the usual cause: fewer actors per node (--max-actors), smaller --chunk-rows or "
+                 "--docs-per-prompt, or nodes with more memory; Ray's logs (/tmp/ray/session_latest/logs) say more")
+
+
+def failure_line(err: BaseException, restarts: int) -> str:
+    """One line for a job Ray failed: an extract actor that died more often than ``restarts`` allows
+    (Ray's exit detail: its whole message holds ids, a pid and a paragraph of advice), a task or actor
+    killed for memory, or the innermost cause of anything else."""
+    if type(err).__name__ == "ActorDiedError" and not getattr(err, "actor_init_failed", False):
+        detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", str(err))
+        why = f": {detail[1]}" if detail else "."
+        return f"an extract actor's process died {restarts + 1} time(s) (--actor-restarts {restarts}){why} {MEMORY_ADVICE}"
+    line = root_cause(err)
+    if type(err).__name__ == "OutOfMemoryError" or "running low on memory" in line:
+        return f"{line} {MEMORY_ADVICE}"
+    return line
 
 
 def root_cause(err: BaseException) -> str:
-    """``Type: first line`` of the innermost cause of a Ray error (Ray wraps it, with tracebacks)."""
+    """``Type: first line`` of the innermost cause of a Ray error (Ray wraps it, with tracebacks).
+
+    Ray Data raises errors it does not blame on the user's code ``from SystemException()``, an empty
+    marker: the error itself is then the cause."""
     cause = err
-    while (inner := getattr(cause, "cause", None) or cause.__cause__) is not None and inner is not cause:
+    while ((inner := getattr(cause, "cause", None) or cause.__cause__) is not None and inner is not cause
+           and type(inner).__name__ != "SystemException"):
         cause = inner
     if type(cause).__name__ == "UserCodeException":  # Ray Data's wrapper: the user's error is in its text
         named = [m for m in _ERROR_LINE.findall(str(err)) if m[0] not in ("UserCodeException", "RayTaskError")]

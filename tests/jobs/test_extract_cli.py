@@ -304,3 +304,19 @@ def test_actor_restarts_must_be_a_count(no_ray, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     extract.add_arguments(parser)
     assert f"(default: {ResourceConfig.actor_restarts})" in " ".join(parser.format_help().split())
+
+
+def test_an_error_ray_data_raises_from_its_empty_marker_is_named_with_its_own_text():
+    """Ray Data raises errors it does not blame on user code ``from SystemException()`` (empty): a
+    job whose actor Ray's memory monitor killed once said only "failed: SystemException: "."""
+    from ray.data.exceptions import SystemException
+    from ray.exceptions import OutOfMemoryError
+
+    err = OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node was 22.9GB")
+    err.__cause__ = SystemException()
+    line = extract.failure_line(err, 3)
+    assert line.startswith("OutOfMemoryError: Task was killed due to the node running low on memory. Out of memory")
+    assert "--max-actors" in line and "SystemException" not in line
+    plain = RuntimeError("every one of 3 prompts failed")
+    plain.__cause__ = SystemException()
+    assert extract.failure_line(plain, 3) == "RuntimeError: every one of 3 prompts failed"
