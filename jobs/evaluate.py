@@ -18,12 +18,13 @@ be scored).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 from datafiles.dataset import RECORDS_FILE, read_attributes, read_gold, read_records
 from datafiles.storage import exists, read_text
-from evaluation import leakage
+from evaluation import compare, leakage
 from datafiles.predictions import read_predictions
 from evaluation.report import write_reports
 from evaluation.scoring import evaluate, evaluate_extractgpt_run
@@ -39,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs-per-prompt", type=int, metavar="J",
                         help="J the predictions were made with, for the leakage figure (default: from their _report.json)")
     parser.add_argument("--no-write", action="store_true", help="do not write _evaluation.{json,md} next to the predictions")
+    parser.add_argument("--compare", metavar="URI",
+                        help="another run's output on the same products: add a paired bootstrap of the micro F1 "
+                        "difference (--predictions minus this; evaluation/compare.py)")
+    parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws for --compare (default: 2000)")
 
 
 def check_ids_match(predicted: dict, gold: list, predictions_uri: str, gold_uri: str) -> None:
@@ -71,11 +76,22 @@ def run(args: argparse.Namespace) -> int:
     leak = _leakage(args, predictions)
     if leak is not None:
         extra["leakage"] = leak
+    if args.compare:
+        extra["compare"] = _compare(args, gold, predictions)
     summary = {**extra, **result.summary()}
     if not args.no_write:
         summary["report_json"], summary["report_md"] = write_reports(args.predictions, result, extra)
     print(json.dumps(summary, ensure_ascii=False))
     return 0
+
+
+def _compare(args: argparse.Namespace, gold: list, predictions) -> dict:
+    other = read_predictions(args.compare)
+    check_ids_match(other.values, gold, args.compare, args.gold)
+    result = compare.compare(compare.product_counts(gold, predictions.values), compare.product_counts(gold, other.values),
+                             draws=args.draws)
+    return {"against": args.compare, **{k: round(v, 4) if isinstance(v, float) else v
+                                        for k, v in dataclasses.asdict(result).items()}}
 
 
 def _leakage(args: argparse.Namespace, predictions) -> dict | None:
