@@ -5,7 +5,7 @@ F1 there can be chance. Both runs' outcomes are tallied per product (the Extract
 counts, ``metrics.classify``), products are resampled with replacement (the same draw for both
 runs: paired), and the micro F1 of each run is recomputed on every draw. The result is the observed
 difference, a 95% percentile interval of the difference, and the share of draws in which A is ahead.
-Micro F1 here is unrounded (the table's rounding is for display).
+Micro F1 is the metric's own, rounded as the table rounds it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from datafiles.dataset import GoldExample
-from evaluation.metrics import OUTCOMES, classify, gold_values
+from evaluation.metrics import OUTCOMES, Counts, classify, gold_values, score_counts
 
 
 def product_counts(examples: Sequence[GoldExample], predictions: Mapping[str, Mapping[str, object]]) -> list[tuple[int, ...]]:
@@ -31,10 +31,8 @@ def product_counts(examples: Sequence[GoldExample], predictions: Mapping[str, Ma
 
 
 def micro_f1(rows: Sequence[tuple[int, ...]]) -> float:
-    _, nv, vn, vc, vw = (sum(column) for column in zip(*rows)) if rows else (0,) * 5
-    precision = vc / (nv + vc + vw) if nv + vc + vw else 0.0
-    recall = vc / (vn + vc + vw) if vn + vc + vw else 0.0
-    return 100 * 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    """The ExtractGPT micro F1 of the products ``rows`` holds (``metrics.score_counts``)."""
+    return score_counts(Counts(*(sum(column) for column in zip(*rows)))).f1 if rows else 0.0
 
 
 @dataclass(frozen=True)

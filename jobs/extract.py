@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU, or what the CPUs allow)")
     parser.add_argument("--actor-restarts", type=int, metavar="N",
                         help="times an extract actor whose process died (lost node, out of memory, crash) is started "
-                        f"again before the job stops with the cause (default: 3)")
+                        "again before the job stops with the cause (default: 3)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Ray's logs and progress bars and the workers' output (default: only this job's "
                         "progress line, warnings and summary)")

@@ -23,7 +23,7 @@ def test_per_product_counts_sum_to_the_metrics_counts(tmp_path: Path, gold_dir: 
     rows = compare.product_counts(gold, predictions)
     assert len(rows) == len(gold)
     assert Counts(*map(sum, zip(*rows))) == extractgpt_metric(gold, predictions).counts
-    assert round(compare.micro_f1(rows), 2) == extractgpt_metric(gold, predictions).micro.f1 == 57.14
+    assert compare.micro_f1(rows) == extractgpt_metric(gold, predictions).micro.f1 == 57.14
 
 
 def test_a_run_against_itself_differs_by_nothing():
