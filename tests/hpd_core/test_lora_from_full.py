@@ -13,12 +13,12 @@ from hpd_core.config import ModelConfig
 from hpd_core.finetune import TrainConfig, prepare_model, save, train
 from hpd_core.lora_from_full import lora_from_full
 from hpd_core.models import load_model
+from tests.pipelines.helpers import REPO
 
 from .conftest import tiny_model
 from .test_finetune import K_MAX, labeled_products
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
-REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def logits(model) -> torch.Tensor:
