@@ -8,6 +8,8 @@
 #   long/, titles/     hpd bench on the Qwen3-8B architecture with random bf16 weights: ~500-token
 #                      products, 16 attributes, values up to 30 tokens; and title-length products
 # Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|all]  (default all)
+#   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2 --batch-token-budget 262144" (more
+#   hpd bench arguments), NUM_PRODUCTS, ARCH, DEVICE, PYTHON
 # The working tree that travels to the device is capped at 64 MiB and the adapters alone are
 # 190 MB, so before the call, on the CPU machine (docs/gpu-session.md has the whole procedure):
 #   python scripts/save_tokenizer.py .gpu/tokenizer       # the benchmarks' tokenizer, ~3.5 MB
@@ -22,17 +24,21 @@ DEVICE=${DEVICE:-cuda}
 ARCH=${ARCH:-qwen3-8b}
 TOKENIZER=${TOKENIZER:-.gpu/tokenizer}
 NUM_PRODUCTS=${NUM_PRODUCTS:-64}
+BENCH_ARGS=${BENCH_ARGS:-}  # more hpd bench arguments for both workloads, e.g. "--repeats 3"
+LIMIT=${LIMIT:-0}  # seconds each part may run (0: no limit), so that one stalled part leaves time for the rest
 what=${1:-all}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 status=0
 
+limit() { if (( LIMIT > 0 )); then timeout "$LIMIT" "$@"; else "$@"; fi; }
+
 bench() {  # NAME, then hpd bench's workload arguments
   local name=$1; shift
   echo "== hpd bench $name"
-  $PY -m jobs.cli bench --synthetic --random-arch "$ARCH" --tokenizer "$TOKENIZER" --dtype bfloat16 \
+  limit $PY -m jobs.cli bench --synthetic --random-arch "$ARCH" --tokenizer "$TOKENIZER" --dtype bfloat16 \
       --device "$DEVICE" --num-products "$NUM_PRODUCTS" --baseline-docs-per-prompt 1 \
-      --out "$OUT/$name" "$@" 2>&1 | tee "$OUT/$name.log" || status=1
+      --out "$OUT/$name" "$@" $BENCH_ARGS 2>&1 | tee "$OUT/$name.log" || status=1
 }
 
 {
@@ -44,7 +50,7 @@ cat "$OUT/env.txt"
 
 if [[ $what == all || $what == tests ]]; then
   echo "== pytest -m gpu"
-  $PY -m pytest -q -m gpu -p no:cacheprovider tests/hpd_core 2>&1 | tee "$OUT/gpu-tests.txt" || status=1
+  limit $PY -m pytest -q -m gpu -p no:cacheprovider tests/hpd_core 2>&1 | tee "$OUT/gpu-tests.txt" || status=1
 fi
 if [[ $what == all || $what == long ]]; then  # the paper's long-product setting
   bench long --product-tokens 500 --attributes-per-product 16 --value-tokens-max 30 --docs-per-prompt 4

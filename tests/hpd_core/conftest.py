@@ -67,7 +67,7 @@ def tokenizer():
     return build_tokenizer()
 
 
-def tiny_config(arch: str, vocab_size: int):
+def tiny_config(arch: str, vocab_size: int, **overrides):
     from transformers import AutoConfig
 
     common = dict(
@@ -96,15 +96,17 @@ def tiny_config(arch: str, vocab_size: int):
     if arch == "gemma3":
         common.update(sliding_window=TINY_WINDOW, layer_types=["sliding_attention", "full_attention"],
                       query_pre_attn_scalar=8)
+    common.update(overrides)
     model_type = {"gemma3": "gemma3_text", "qwen3-swa": "qwen3", "mistral-swa": "mistral"}.get(arch, arch)
     return AutoConfig.for_model(model_type, **common)
 
 
-def tiny_model(arch: str, vocab_size: int, seed: int = 0, attention: str = "sdpa"):
+def tiny_model(arch: str, vocab_size: int, seed: int = 0, attention: str = "sdpa", **overrides):
+    """A tiny random model; ``overrides`` replace config fields (e.g. ``head_dim``)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size), attn_implementation=attention)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size, **overrides), attn_implementation=attention)
     return model.float().eval()
 
 

@@ -193,11 +193,13 @@ def test_flex_attention_is_refused_on_cpu_with_a_clear_error(tokenizer):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("attention", ["sdpa", "flex_attention"])
 def test_cuda_matches_cpu_oracle(tokenizer, attention):
+    """HPD on CUDA == the CPU oracle, float32. Head size 16: FlexAttention's CUDA kernel refuses
+    anything smaller (seen on an H200, torch 2.11: "embedding dimension ... at least 16")."""
     rng = random.Random(0)
     requests = [random_request(rng, rng.randint(1, 4), rng.randint(1, 4)) for _ in range(4)]
     config = DecodeConfig(max_value_tokens=8)
-    cpu = make_decoder("reference", tiny_model("llama", len(tokenizer)), tokenizer, config).decode(requests)
-    gpu_model = tiny_model("llama", len(tokenizer), attention=attention).cuda()
+    cpu = make_decoder("reference", tiny_model("llama", len(tokenizer), head_dim=16), tokenizer, config).decode(requests)
+    gpu_model = tiny_model("llama", len(tokenizer), attention=attention, head_dim=16).cuda()
     gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
     assert [r.extra["slot_tokens"] for r in gpu] == [r.extra["slot_tokens"] for r in cpu]
 
