@@ -1,0 +1,49 @@
+"""hpd_core.attention.sdpa: grouped-query attention with a mask, the query heads folded onto their
+K/V head, against SDPA's own ``enable_gqa`` and against K/V repeated (the obviously correct one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hpd_core.attention import sdpa
+
+
+def draw(rows, heads, kv_heads, queries, entries, dim=16, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads, queries, dim, generator=g, dtype=dtype)
+    k = torch.randn(rows, kv_heads, entries, dim, generator=g, dtype=dtype)
+    v = torch.randn(rows, kv_heads, entries, dim + 8, generator=g, dtype=dtype)  # Dv != D
+    allowed = torch.rand(rows, 1, queries, entries, generator=g) < 0.6
+    allowed[..., 0] = True  # every query sees something
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 3), (4, 1), (4, 4)])
+def test_masked_grouped_query_attention_equals_repeated_keys_and_values(heads, kv_heads):
+    q, k, v, mask = draw(3, heads, kv_heads, 7, 11)
+    # a non-contiguous query, as the model's projections hand it over
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    groups = heads // kv_heads
+    expected = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask, scale=0.3
+    )
+    out = sdpa(q, k, v, mask, scale=0.3)
+    assert out.shape == (3, heads, 7, 24)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    if kv_heads != heads:
+        gqa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+        torch.testing.assert_close(out, gqa, rtol=1e-5, atol=1e-6)
+
+
+def test_a_mask_broadcast_over_rows_and_unmasked_causal_attention():
+    q, k, v, mask = draw(2, 8, 2, 5, 5)
+    one = mask[:1]  # (1, 1, Q, C): the same mask for every row
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=one, enable_gqa=True)
+    torch.testing.assert_close(sdpa(q, k, v, one), expected, rtol=1e-5, atol=1e-6)
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(sdpa(q, k, v, None, causal=True), causal)
+    with pytest.raises(ValueError, match="causal forward takes no mask"):
+        sdpa(q, k, v, mask, causal=True)
