@@ -27,6 +27,13 @@ ROWS = (  # (label, key, format)
 )
 
 
+def _budget(decode: dict) -> str:
+    """The batch token budget as run: a number, or "auto" (with the number it came to, if known)."""
+    if decode["batch_token_budget"]:
+        return str(decode["batch_token_budget"])
+    return f"auto ({decode['token_budget']})" if "token_budget" in decode else "auto"
+
+
 def _fmt(fmt: str, value) -> str:
     return "n/a" if value is None else fmt.format(value)
 
@@ -70,7 +77,7 @@ def _header(report: dict, title: str) -> list[str]:
         f"- model: {model['name']} ({model['architecture']}, {model['parameters'] / 1e6:.1f}M parameters"
         f"{', random weights' if model['random_weights'] else ''}), {model['dtype']} on {model['device']}, attention {model['attention']}"
         + _adapters(model),
-        f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {report['decode']['batch_token_budget']}, "
+        f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {_budget(report['decode'])}, "
         f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
         f"steps {report['decode'].get('step_shape', 'auto')}, shared prefixes "
         f"{'on' if report['decode'].get('prefix_cache', 1) else 'off'} (each timed run prefills its own); timing: {report['timing']['warmup_requests']} warm-up request(s), "

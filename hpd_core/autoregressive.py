@@ -179,7 +179,7 @@ class ARSession(Session):
         self.fixed = cfg.fixed_steps(dev)
         self.check_every = cfg.check_every if self.fixed else 1
         self.L, self.T = max(len(p) for p in prompts), max(budgets)
-        rows = session_rows([len(p) for p in prompts], [1] * len(prompts), self.T, cfg.batch_token_budget, cfg.max_batch_size)
+        rows = session_rows([len(p) for p in prompts], [1] * len(prompts), self.T, decoder.token_budget, cfg.max_batch_size)
         specs = [decoder.prompt(r, p) for r, p in zip(requests, prompts)]
         super().__init__(decoder.runner, decoder.prefixes, specs, rows, self.L + self.T + 1)
         self.generated: list[list[int]] = [[] for _ in requests]

@@ -13,10 +13,41 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
+import torch
+
 from hpd_core.types import Request, Result, Value
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+MIN_TOKEN_BUDGET = 65536  # a CPU's batch token budget, and the least a GPU's gets
+GPU_MEMORY_SHARE = 0.5  # of the device memory free when a decoder is built, for its batches' keys and values
+CACHE_METADATA_BYTES = 17  # per cache entry and row: position and generation (int64) and presence (bool)
+
+
+def kv_bytes_per_token(model, dtype: torch.dtype) -> int:
+    """Bytes one cache entry of one row takes: keys and values of every layer (kvcache.RowCache
+    keeps every layer at the session's full capacity) plus the entry's metadata."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * element + CACHE_METADATA_BYTES
+
+
+def token_budget(configured: int, model, device: torch.device, dtype: torch.dtype, free_bytes: int | None = None) -> int:
+    """The batch token budget a decoder uses: ``configured`` if it is set (> 0); else 65536 on a
+    CPU, and on CUDA as many tokens as ``GPU_MEMORY_SHARE`` of the device's free memory holds as
+    cache entries (``kv_bytes_per_token``), at least 65536. The other half is for the forward
+    passes' activations; a batch that still runs out of memory is split (``run_split_on_oom``)."""
+    if configured > 0:
+        return configured
+    if device.type != "cuda":
+        return MIN_TOKEN_BUDGET
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return max(MIN_TOKEN_BUDGET, int(GPU_MEMORY_SHARE * free_bytes) // kv_bytes_per_token(model, dtype))
 
 
 class BatchedDecoder:
@@ -36,6 +67,7 @@ class BatchedDecoder:
         self.model_name = model_name
         self.device = model.get_output_embeddings().weight.device
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+        self.token_budget = token_budget(config.batch_token_budget, model, self.device, self.dtype)
         self.special = set(tokenizer.all_special_ids)
         self.parser = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-parse")  # results, beside the model
         self.on_prompt_done: Callable[[Request], None] | None = None  # progress: each request as it finishes

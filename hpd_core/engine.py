@@ -125,7 +125,7 @@ class HPDSession(Session):
         self.fixed = cfg.fixed_steps(dev)
         self.check_every = cfg.check_every if self.fixed else 1
         rows = session_rows([len(lay.input_ids) for lay in layouts], [lay.num_slots for lay in layouts], self.K,
-                            cfg.batch_token_budget, cfg.max_batch_size)  # fmt: skip
+                            decoder.token_budget, cfg.max_batch_size)  # fmt: skip
         prompts = [decoder.prompt(r, lay) for r, lay in zip(requests, layouts)]
         super().__init__(decoder.runner, decoder.prefixes, prompts, rows, self.L + (self.K - 1) * S + 1)
         pad, K = decoder.runner.pad_id, self.K

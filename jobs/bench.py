@@ -92,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = parser.add_argument_group("decoding")
     d.add_argument("--max-value-tokens", type=int, help=f"K_max (default {DecodeConfig.max_value_tokens}, or --value-tokens-max if larger)")
     d.add_argument("--batch-size", type=int, default=DecodeConfig.max_batch_size, help="most prompts per batch")
-    d.add_argument("--batch-token-budget", type=int, default=DecodeConfig.batch_token_budget)
+    d.add_argument("--batch-token-budget", type=int, default=DecodeConfig.batch_token_budget,
+                   help="most cache entries (rows x row length) a batch may reach; 0: sized for the device (default)")
     d.add_argument("--step-shape", choices=STEP_SHAPES, default=DecodeConfig.step_shape,
                    help="packed (only live tokens computed), fixed (same shapes every step), auto (fixed on CUDA)")
     d.add_argument("--prefix-cache", type=int, default=DecodeConfig.prefix_cache,
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             decoders = make_decoders(models, tokenizer, decode_cfg, model_info)
+            report["decode"]["token_budget"] = decoders["hpd"].token_budget  # the budget that ran (0: resolved)
             summary = run_single(args, tokenizer, decoders, decode_cfg, counters, timing, report, out)
     print(json.dumps(summary))
     return 0

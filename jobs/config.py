@@ -56,6 +56,9 @@ def _nested(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
+SPEED_ONLY = ("batch_token_budget",)  # DecodeConfig fields left out of a run's identity
+
+
 def run_id_for(arguments: dict) -> str:
     return hashlib.sha256(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -102,7 +105,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows))
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
-    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton), spans=args.spans)
+    decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton,
+                                   batch_token_budget=args.batch_token_budget), spans=args.spans)
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
     failures = tuple(map(parse_failure, args.dry_run_fail or ()))
     dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)
@@ -116,7 +120,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         "stacking": asdict(stacking),
         "decoder": args.decoder,
         "model": model,
-        "decode": asdict(decode),
+        # the batch budget sets speed, not results: a run may resume on another machine with another one
+        "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
         "values_in_text": not args.keep_values_not_in_text,
     }
     if args.decoder == DRY_RUN and dry_run.failures:  # they decide which rows are rejected

@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skeleton", choices=SKELETONS,
                         help="where HPD's keys go: after-products or interleaved, as the model was fine-tuned "
                         f"(default: {DecodeConfig.skeleton})")
+    parser.add_argument("--batch-token-budget", type=int, metavar="TOKENS",
+                        help="most cache entries (rows x row length) one batch of an actor may reach; changes speed, not "
+                        "results (default: 0, sized for the device: 65536 on a CPU, half the free memory on a GPU)")
     parser.add_argument("--spans", action="store_true",
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only) (default: off)")

@@ -266,3 +266,36 @@ def test_span_decoding_changes_what_a_free_model_writes(models, tokenizer):
     finished = [(p, v) for r in spans for p, _, v in r.items() if v.value is not None and not v.truncated]
     assert finished and all(in_text(p, v.value) for p, v in finished)
 
+
+
+def test_kv_bytes_per_token_is_what_a_sessions_cache_takes(models, tokenizer):
+    """batching.kv_bytes_per_token (the auto budget's unit) == the bytes of the cache a real
+    session allocates, per row and entry, on architectures with and without head_dim and GQA."""
+    from hpd_core.batching import kv_bytes_per_token
+
+    rng = random.Random(5)
+    requests = [random_request(rng, 2, 3) for _ in range(3)]
+    for arch in ("llama", "qwen3", "gemma3"):
+        decoder = make_decoder("hpd", models[arch], tokenizer, DecodeConfig(max_value_tokens=4))
+        caches = []
+        new_cache = decoder.runner.new_cache
+        decoder.runner.new_cache = lambda rows, capacity: caches.append(new_cache(rows, capacity)) or caches[-1]
+        decoder.decode(requests)
+        cache = caches[0]
+        tensors = [*cache.keys.values(), *cache.values.values(), cache.pos, cache.gen, cache.present]
+        per_entry = sum(t.numel() * t.element_size() for t in tensors) / (cache.rows * cache.capacity)
+        assert per_entry == kv_bytes_per_token(models[arch], decoder.dtype), arch
+
+
+def test_the_token_budget_is_the_configured_one_or_sized_for_the_device(models):
+    """0 (auto): 65536 on a CPU; on a GPU half the free memory in cache entries, at least 65536."""
+    from hpd_core.batching import MIN_TOKEN_BUDGET, kv_bytes_per_token, token_budget
+
+    model, f32 = models["qwen3"], torch.float32
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    per_token = kv_bytes_per_token(model, f32)
+    assert token_budget(1000, model, gpu, f32, free_bytes=10**12) == 1000
+    assert token_budget(0, model, cpu, f32) == MIN_TOKEN_BUDGET
+    assert token_budget(0, model, gpu, f32, free_bytes=10**12) == (10**12 // 2) // per_token > MIN_TOKEN_BUDGET
+    assert token_budget(0, model, gpu, f32, free_bytes=10**6) == MIN_TOKEN_BUDGET
+    assert DecodeConfig().batch_token_budget == 0

@@ -30,7 +30,7 @@ def test_model_config_rejects_bad_values(kwargs, message):
         ModelConfig(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{"max_value_tokens": 0}, {"top_p": 0.0}, {"temperature": -1.0}, {"batch_token_budget": 0}])
+@pytest.mark.parametrize("kwargs", [{"max_value_tokens": 0}, {"top_p": 0.0}, {"temperature": -1.0}, {"batch_token_budget": -1}])
 def test_decode_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         DecodeConfig(**kwargs)

@@ -320,3 +320,22 @@ def test_an_error_ray_data_raises_from_its_empty_marker_is_named_with_its_own_te
     plain = RuntimeError("every one of 3 prompts failed")
     plain.__cause__ = SystemException()
     assert extract.failure_line(plain, 3) == "RuntimeError: every one of 3 prompts failed"
+
+
+def test_the_batch_token_budget_sets_speed_not_the_runs_identity(no_ray, tmp_path, capsys):
+    """A run resumed with another --batch-token-budget (another machine) is the same run; a setting
+    that changes results is not; a negative budget is refused before Ray, naming the flag."""
+    from jobs.config import from_args
+
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+
+    def config(*extra):
+        return from_args(parser.parse_args(extract_args(SAMPLE, tmp_path / "out", *extra)))
+
+    auto, big = config(), config("--batch-token-budget", 262144)
+    assert auto.extract.decode.batch_token_budget == 0 and big.extract.decode.batch_token_budget == 262144
+    assert auto.extract.run_id == big.extract.run_id
+    assert config("--max-value-tokens", 12).extract.run_id != auto.extract.run_id
+    assert run_extract(extract_args(SAMPLE, tmp_path / "out", "--batch-token-budget", -1)) == 2
+    assert "--batch-token-budget" in capsys.readouterr().err
