@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The GPU checks of the engine issue in one command, for a machine lent through the device tool
 # (CUDA with PyTorch, transformers and peft installed; no Ray, no gguf, nothing can be fetched).
-# Everything lands under $OUT (the device tool's folder; ./gpu-out elsewhere):
+# Everything lands under $OUT (the device tool's folder; ./gpu-out elsewhere), 8 files at most
+# (what the tool brings back):
 #   env.txt            the GPU, driver, torch and transformers versions
 #   gpu-tests.txt      pytest -m gpu: CUDA == the CPU oracle in float32 on the tiny architectures,
 #                      fixed-shape steps, bf16 agreement
 #   long/, titles/     hpd bench on the Qwen3-8B architecture with random bf16 weights: ~500-token
 #                      products, 16 attributes, values up to 30 tokens; and title-length products
-# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|all]  (default all)
-#   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2 --batch-token-budget 262144" (more
-#   hpd bench arguments), NUM_PRODUCTS, ARCH, DEVICE, PYTHON
+#   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py)
+#   log.txt            everything the parts printed
+# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|profile|all]  (default all)
+#   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
+#   the two workloads), NUM_PRODUCTS, ARCH, DEVICE, PYTHON
+# Wheels in .whl/ (e.g. the transformers this project is tested with) are installed first.
 # The working tree that travels to the device is capped at 64 MiB and the adapters alone are
 # 190 MB, so before the call, on the CPU machine (docs/gpu-session.md has the whole procedure):
 #   python scripts/save_tokenizer.py .gpu/tokenizer       # the benchmarks' tokenizer, ~3.5 MB
 #   mkdir -p /tmp/hpd-aside && mv benchmarks/adapters /tmp/hpd-aside/bench-adapters \
 #     && mv hpd_core/adapters /tmp/hpd-aside/core-adapters
-#   (call the device tool with carry [".gpu"], then move both folders back to where they were)
+#   (call the device tool with carry [".gpu", ".whl"], then move both folders back to where they were)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 OUT=${OUT:-gpu-out}
@@ -28,17 +32,27 @@ BENCH_ARGS=${BENCH_ARGS:-}  # more hpd bench arguments for both workloads, e.g. 
 LIMIT=${LIMIT:-0}  # seconds each part may run (0: no limit), so that one stalled part leaves time for the rest
 what=${1:-all}
 mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 status=0
+LOG=$OUT/log.txt
+LONG=(--product-tokens 500 --attributes-per-product 16 --value-tokens-max 30 --docs-per-prompt 4)
+TITLES=(--product-tokens 30 --attributes-per-product 8 --value-tokens-max 10 --docs-per-prompt 6)
 
 limit() { if (( LIMIT > 0 )); then timeout "$LIMIT" "$@"; else "$@"; fi; }
 
-bench() {  # NAME, then hpd bench's workload arguments
+workload() {  # hpd bench's arguments for a synthetic workload on the random architecture
+  echo --synthetic --random-arch "$ARCH" --tokenizer "$TOKENIZER" --dtype bfloat16 --device "$DEVICE" \
+    --num-products "$NUM_PRODUCTS" --baseline-docs-per-prompt 1
+}
+
+bench() {  # NAME, then the workload's shape
   local name=$1; shift
-  echo "== hpd bench $name"
-  limit $PY -m jobs.cli bench --synthetic --random-arch "$ARCH" --tokenizer "$TOKENIZER" --dtype bfloat16 \
-      --device "$DEVICE" --num-products "$NUM_PRODUCTS" --baseline-docs-per-prompt 1 \
-      --out "$OUT/$name" "$@" $BENCH_ARGS 2>&1 | tee "$OUT/$name.log" || status=1
+  echo "== hpd bench $name" | tee -a "$LOG"
+  limit $PY -m jobs.cli bench $(workload) --out "$OUT/$name" "$@" $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
 }
 
 {
@@ -50,12 +64,19 @@ cat "$OUT/env.txt"
 
 if [[ $what == all || $what == tests ]]; then
   echo "== pytest -m gpu"
-  limit $PY -m pytest -q -m gpu -p no:cacheprovider tests/hpd_core 2>&1 | tee "$OUT/gpu-tests.txt" || status=1
+  # torch's compile traces write DEBUG lines by the thousand when a compiled kernel fails: left out
+  limit $PY -m pytest -q -m gpu -p no:cacheprovider tests/hpd_core 2>&1 | grep -v "^DEBUG " | tee "$OUT/gpu-tests.txt"
+  (( PIPESTATUS[0] == 0 )) || status=1
 fi
 if [[ $what == all || $what == long ]]; then  # the paper's long-product setting
-  bench long --product-tokens 500 --attributes-per-product 16 --value-tokens-max 30 --docs-per-prompt 4
+  bench long "${LONG[@]}"
 fi
 if [[ $what == all || $what == titles ]]; then  # OA-Mine-like titles: ~30 tokens, 8 attributes
-  bench titles --product-tokens 30 --attributes-per-product 8 --value-tokens-max 10 --docs-per-prompt 6
+  bench titles "${TITLES[@]}"
+fi
+if [[ $what == all || $what == profile ]]; then  # where HPD's time goes on the long workload
+  echo "== profile" | tee -a "$LOG"
+  limit $PY scripts/gpu_profile.py --profile-out "$OUT" bench $(workload) "${LONG[@]}" --repeats 1 \
+    --out /tmp/hpd-profile-bench 2>&1 | tee -a "$LOG" || status=1
 fi
 exit $status
