@@ -6,7 +6,8 @@ and generation index. The runner lays them out for the model in one of two ways:
 
 - packed (``(1, N)``: the linear layers see the real tokens only, attention unpacks them per row;
   needs the engine's attention function, hpd_core/attention.py): what a CPU wants, where every
-  computed token costs;
+  computed token costs, and what every prefill gets (a prefill's shape changes with its prompts
+  anyway, and packed it can use the causal path below, with no mask);
 - a grid (``grid=(rows, A)``: every row has exactly A queries, some absent; the whole cache is
   read): fixed shapes from step to step, no host synchronisation, what a GPU step captured as a
   CUDA graph (or compiled) wants. Models without SDPA attention use padded rows instead of
@@ -54,13 +55,13 @@ class ModelRunner:
             raise ValueError("attention 'flex_attention' is for CUDA devices: on a CPU, PyTorch 2.13's compiled "
                              "FlexAttention kernel fails to build for the engine's block masks; load the model with 'sdpa'")
         self.engine_sdpa = uses_sdpa(self.body.config)
-        self.packed = packed and self.engine_sdpa
+        self.packed = packed and self.engine_sdpa  # steps; prefills are packed whenever the model allows
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
         self.windows = masks.layer_windows(model.config)
         self.layer_window = masks.window_per_layer(model.config)
         # causal forwards skip the mask (full layers) or read only each query block's band (sliding)
-        self.causal_ok = self.packed
+        self.causal_ok = self.engine_sdpa
         self.band_block = BAND_BLOCK
         self.vocab_chunk = VOCAB_CHUNK
         self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
@@ -102,7 +103,7 @@ class ModelRunner:
             place = group * A + torch.arange(rows.numel(), device=rows.device) - starts[group]  # (N,) in (b, A)
             if b == cache.rows and bool((read_rows == torch.arange(b, device=rows.device)).all()):
                 read_rows = None
-        packed = self.packed and place is not None
+        packed = (self.packed or kind != "step") and self.engine_sdpa and place is not None
         if packed and causal and self.causal_ok:
             # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule of
             # full layers; sliding layers read, per block of queries, only the entries its window

@@ -90,6 +90,21 @@ def test_fixed_steps_equal_the_oracle(models, tokenizer, arch):
     assert [r.forward_passes for r in fast] == [r.forward_passes for r in slow]
 
 
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_fixed_steps_prefill_packed_and_unmasked(models, tokenizer, decoder_name):
+    """With fixed-shape steps the prefills are packed as with packed steps (the linear layers see
+    the prompts' own tokens only, and causal prefills run without a mask: on a GPU SDPA's flash
+    kernel instead of the math kernel a mask with grouped-query K/V gets); the tokens agree."""
+    requests = [random_request(random.Random(7), 2, 3, n) for n in (2, 9, 5)]
+    runs = {}
+    for step_shape in ("packed", "fixed"):
+        decoder = make_decoder(decoder_name, models["qwen3"], tokenizer, DecodeConfig(max_value_tokens=4, step_shape=step_shape))
+        results = decoder.decode(requests)
+        key = "slot_tokens" if decoder_name == "hpd" else "text"
+        runs[step_shape] = ([r.extra[key] for r in results], decoder.runner.tokens["prefill"], decoder.runner.tokens["prefix"])
+    assert runs["fixed"] == runs["packed"]
+
+
 def test_shared_prefix_is_the_prompts_own_tokens(tokenizer):
     """The shared prefix is a token prefix of every prompt of the category, ends before the first
     product's text, and is the same for prompts of one category and attribute list."""
