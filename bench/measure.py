@@ -1,8 +1,8 @@
 """`hpd bench` measurement of one decoder run: wall and CPU time, forward passes, peak memory; and
 the measured matmul speed that the prefill compute limit is computed from.
 
-Forward passes are counted by a hook on the transformer body, so both decoders are counted by the
-same code. Peak device memory is reset before each run; peak host memory is the process RSS
+Forward passes are counted from what the engine's runner reports of each (``ModelRunner.passed``),
+so both decoders are counted by the same code, graph replays included. Peak device memory is reset before each run; peak host memory is the process RSS
 sampled during the run (it includes the model weights).
 """
 
@@ -38,50 +38,44 @@ class TimingConfig:
 
 
 class PassCounter:
-    """Counts calls of the transformer body (one per forward pass), prefills, rows and tokens fed.
+    """Counts forward passes, prefills, rows and tokens fed, as the engine's runner reports them.
 
-    The engine's forwards say what they are (``RowCache.write``: a shared prefix's prefill, a
-    batch's prefill of newly admitted rows, or a decode step): ``calls`` counts prefills and steps,
-    ``prefills`` / ``prefill_rows`` the prefill forwards and the rows they started, and
-    ``prefix_prefills`` the shared prefixes computed (once per category, then reused).
+    Every forward says what it is (``ModelRunner.passed``: a shared prefix's prefill, a batch's
+    prefill of newly admitted rows, or a decode step, also one replayed from a CUDA graph, which no
+    module hook would see): ``calls`` counts prefills and steps, ``prefills`` / ``prefill_rows`` the
+    prefill forwards and the rows they started, and ``prefix_prefills`` the shared prefixes computed
+    (once per category, then reused). ``listening(runner)`` attaches it for one run.
     """
 
-    def __init__(self, body):
-        self.handle = body.register_forward_pre_hook(self._hook, with_kwargs=True)
+    def __init__(self):
         self.reset()
 
     def reset(self) -> None:
         self.calls = self.prefills = self.prefill_rows = self.tokens_fed = self.prefix_prefills = 0
 
-    def _hook(self, module, args, kwargs) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        write = getattr(kwargs.get("past_key_values"), "write", None)
-        kind = write.kind if write is not None else "prefill"
+    def heard(self, kind: str, tokens: int, rows: int) -> None:
         if kind == "prefix":
             self.prefix_prefills += 1
             return
         self.calls += 1
-        if ids is not None:
-            self.tokens_fed += ids.numel()
+        self.tokens_fed += tokens
         if kind == "prefill":
             self.prefills += 1
-            self.prefill_rows += write.taking_part if write is not None else (ids.shape[0] if ids is not None else 0)
+            self.prefill_rows += rows
 
-    def close(self) -> None:
-        self.handle.remove()
+    @contextmanager
+    def listening(self, runner) -> Iterator["PassCounter"]:
+        runner.listeners.append(self.heard)
+        try:
+            yield self
+        finally:
+            runner.listeners.remove(self.heard)
 
 
 @contextmanager
 def pass_counters(models: dict) -> Iterator[dict[str, PassCounter]]:
-    """{decoder name: counter}: one counter per distinct model (decoders sharing a model share its
-    counter, so no pass is counted twice); the hooks are removed on exit."""
-    distinct = {id(model): model for model in models.values()}
-    by_model = {key: PassCounter(model.get_decoder()) for key, model in distinct.items()}
-    try:
-        yield {name: by_model[id(model)] for name, model in models.items()}
-    finally:
-        for counter in by_model.values():
-            counter.close()
+    """{decoder name: counter}; each listens to its decoder's runner only while ``timed`` runs it."""
+    yield {name: PassCounter() for name in models}
 
 
 class PeakRSS:
@@ -140,7 +134,8 @@ def timed(name: str, decoder, workload: Workload, device: str, counter: PassCoun
     with PeakRSS(timing.memory_sample_s) as rss:
         _sync(device)
         start, cpu_start = time.perf_counter(), time.process_time()
-        results = decode(name, decoder, workload)
+        with counter.listening(decoder.runner):
+            results = decode(name, decoder, workload)
         _sync(device)
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return {

@@ -79,7 +79,9 @@ def _header(report: dict, title: str) -> list[str]:
         + _adapters(model),
         f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {_budget(report['decode'])}, "
         f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
-        f"steps {report['decode'].get('step_shape', 'auto')}, shared prefixes "
+        f"steps {report['decode'].get('step_shape', 'auto')}"
+        f"{' (CUDA graphs)' if report['decode'].get('cuda_graphs') and str(model['device']).startswith('cuda') else ''}"
+        ", shared prefixes "
         f"{'on' if report['decode'].get('prefix_cache', 1) else 'off'} (each timed run prefills its own); timing: {report['timing']['warmup_requests']} warm-up request(s), "
         f"{report['timing']['repeats']} repeat(s), median",
     ]

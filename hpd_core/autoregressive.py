@@ -23,6 +23,7 @@ from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
 from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
+from hpd_core.graphs import StepGraph, graphs_apply
 from hpd_core.runner import ModelRunner
 from hpd_core.session import Prompt, Session
 from hpd_core.sampling import make_generator, select
@@ -192,7 +193,11 @@ class ARSession(Session):
         self.answers = None  # span decoding: the span rule of each answer (spans.AnswerSpans)
         if decoder.spans is not None:
             self.answers = [decoder.answer_spans(r) for r in requests]
-        self.pending: list[torch.Tensor] = []  # fixed steps: tokens not yet read by the host
+        # fixed steps: the last check_every steps' tokens (-1: none), newest last, and how many the host has not read
+        self.recent = torch.full((rows, self.check_every), -1, dtype=torch.long, device=dev)
+        self.unread = 0
+        if self.fixed and graphs_apply(cfg, dev, host_step=forced is not None or self.answers is not None):
+            self.graph = StepGraph(self.fixed_step, decoder.runner)
         self.append_at = [0] * rows  # packed steps: where each row's next fed token goes
 
     def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:
@@ -291,17 +296,20 @@ class ARSession(Session):
         self.fed += live
         index = self.fed.tolist() if self.forced is not None else [0] * R  # forcing is a test tool
         tokens = self.choose(hidden, self.item, index, live.tolist() if self.answers is not None else None)
-        self.last = torch.where(live, tokens, self.last)
-        self.pending.append(torch.where(live, tokens, -1))
-        if len(self.pending) >= self.check_every:
+        self.last.copy_(torch.where(live, tokens, self.last))
+        self.recent.copy_(torch.cat([self.recent[:, 1:], torch.where(live, tokens, -1)[:, None]], 1))
+
+    def after_fixed_step(self) -> None:
+        self.unread += 1
+        if self.unread >= self.check_every:
             self.flush()
 
     def flush(self) -> None:
         """Read the fixed steps' tokens back (one host transfer) into the stop rule."""
-        if not self.pending:
+        if not self.unread:
             return
-        steps = torch.stack(self.pending, 1).tolist()  # (rows, steps)
-        self.pending = []
+        steps = self.recent[:, self.check_every - self.unread :].tolist()  # (rows, steps)
+        self.unread = 0
         for row, tokens in enumerate(steps):
             for token in tokens:
                 if self.item[row] is not None and token >= 0:

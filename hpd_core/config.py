@@ -38,6 +38,9 @@ class DecodeConfig:
     check_every: fixed steps only: steps between the host reads that find finished prompts.
     prefix_cache: shared prompt prefixes (a category's instructions and attribute list) whose
         keys and values a decoder keeps for reuse across batches; 0 turns prefix sharing off.
+    cuda_graphs: fixed steps on CUDA are recorded once per batch as a CUDA graph and replayed
+        (hpd_core/graphs.py): greedy decoding without spans; elsewhere the steps run as they are.
+        Off by default until a GPU run has measured it.
     spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
         leave the product's text is never chosen, and the LM head is computed for the allowed
         tokens only. HPD and its reference.
@@ -54,6 +57,7 @@ class DecodeConfig:
     check_every: int = 4
     prefix_cache: int = 32
     spans: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:
@@ -72,6 +76,8 @@ class DecodeConfig:
             raise ValueError(f"step_shape must be one of {STEP_SHAPES}, got {self.step_shape!r}")
         if self.check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {self.check_every}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         if self.prefix_cache < 0:
             raise ValueError(f"prefix_cache must be >= 0, got {self.prefix_cache}")
 

@@ -66,6 +66,8 @@ class ModelRunner:
         self.vocab_chunk = VOCAB_CHUNK
         self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
         self.tokens = {"prefix": 0, "prefill": 0, "step": 0}  # query tokens computed (packed) by kind
+        self.listeners: list = []  # called (kind, query tokens, rows taking part) for every forward pass
+        self.last_pass: tuple[str, int, int] | None = None
 
     def new_cache(self, rows: int, capacity: int) -> RowCache:
         return RowCache(rows, capacity, self.device)
@@ -131,8 +133,7 @@ class ModelRunner:
             write_rows = (read_rows if read_rows is not None else torch.arange(b, device=rows.device))
             write_rows, write_index = write_rows.repeat_interleave(A), grid_index.reshape(-1)
         cache.write = Write(write_rows, write_index, read_rows, end, kind, b)
-        self.counts[kind] += 1
-        self.tokens[kind] += ids.numel()
+        self.passed(kind, ids.numel(), b)
         context = engine_attention(self.body.config) if self.engine_sdpa else nullcontext()
         with context:
             out = self.body(
@@ -142,6 +143,15 @@ class ModelRunner:
         if packed:
             return out[0]
         return out.reshape(b * A, -1) if place is None else out.reshape(b * A, -1)[place]
+
+    def passed(self, kind: str, tokens: int, rows: int) -> None:
+        """Count one forward pass (and tell the listeners, e.g. `hpd bench`'s counters); a step
+        replayed from a CUDA graph (hpd_core/graphs.py) is counted here too, as the pass it repeats."""
+        self.counts[kind] += 1
+        self.tokens[kind] += tokens
+        self.last_pass = (kind, tokens, rows)
+        for listener in self.listeners:
+            listener(kind, tokens, rows)
 
     def _bands(self, keys, group: torch.Tensor, index: torch.Tensor, b: int, end: int, window: int) -> list:
         """A causal forward's queries in blocks of ``band_block`` grid columns, for a layer with

@@ -139,19 +139,29 @@ class Session:
         raise NotImplementedError
 
     fixed = False  # the decoder's step shape: fixed (CUDA graphs) or packed (CPU); see DecodeConfig.step_shape
+    graph = None  # fixed steps only: a graphs.StepGraph over ``fixed_step``, or None (eager)
 
     def step(self) -> None:
         """One forward over every busy row's next queries."""
-        if self.fixed:
-            self.fixed_step()
-        else:
+        if not self.fixed:
             self.packed_step()
+            return
+        if self.graph is not None:
+            self.graph()
+        else:
+            self.fixed_step()
+        self.after_fixed_step()
 
     def packed_step(self) -> None:
         raise NotImplementedError
 
     def fixed_step(self) -> None:
+        """Tensor work only (it may be replayed from a CUDA graph): fixed shapes, in-place writes to
+        the session's own tensors, nothing read back to the host."""
         raise NotImplementedError
+
+    def after_fixed_step(self) -> None:
+        """The host's part after each fixed step (never recorded in a graph)."""
 
     def done(self) -> list[int]:
         """Busy rows whose prompt is finished."""

@@ -100,6 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="shared prefixes kept per decoder (0: no prefix sharing)")
     d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
                    help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
+    d.add_argument("--cuda-graphs", action="store_true",
+                   help="both decoders replay their fixed-shape steps from CUDA graphs (CUDA, greedy, no spans; default: off)")
     d.add_argument("--spans", action="store_true",
                    help="both decoders decode values as spans of their product's text (records runs; default: off)")
     t = parser.add_argument_group("timing")
@@ -148,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     decode_cfg = DecodeConfig(
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
         step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton, spans=args.spans,
+        cuda_graphs=args.cuda_graphs,
     )  # fmt: skip
     timing = TimingConfig(warmup_requests=args.warmup_requests, repeats=args.repeats, matmul_size=args.matmul_size)
     out = Path(args.out)

@@ -8,9 +8,10 @@
 #                      fixed-shape steps, bf16 agreement
 #   long/, titles/     hpd bench on the Qwen3-8B architecture with random bf16 weights: ~500-token
 #                      products, 16 attributes, values up to 30 tokens; and title-length products
+#                      (the part "graphs" reruns both with --cuda-graphs; its tables go into log.txt)
 #   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py)
 #   log.txt            everything the parts printed
-# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|profile|all]  (default all)
+# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|graphs|profile|all]  (default all)
 #   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
 #   the two workloads), NUM_PRODUCTS, ARCH, DEVICE, PYTHON
 # Wheels in .whl/ (e.g. the transformers this project is tested with) are installed first.
@@ -55,6 +56,13 @@ bench() {  # NAME, then the workload's shape
   limit $PY -m jobs.cli bench $(workload) --out "$OUT/$name" "$@" $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
 }
 
+graphs_bench() {  # NAME, then the workload's shape: with --cuda-graphs, its bench.md into the log
+  local name=$1; shift
+  echo "== hpd bench $name --cuda-graphs" | tee -a "$LOG"
+  limit $PY -m jobs.cli bench $(workload) --out "/tmp/hpd-graphs-$name" --cuda-graphs "$@" $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
+  cat "/tmp/hpd-graphs-$name/bench.md" >> "$LOG" 2>/dev/null || true
+}
+
 {
   nvidia-smi || true
   $PY -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__,
@@ -73,6 +81,10 @@ if [[ $what == all || $what == long ]]; then  # the paper's long-product setting
 fi
 if [[ $what == all || $what == titles ]]; then  # OA-Mine-like titles: ~30 tokens, 8 attributes
   bench titles "${TITLES[@]}"
+fi
+if [[ $what == all || $what == graphs ]]; then  # the same two workloads, fixed steps replayed from CUDA graphs
+  graphs_bench long "${LONG[@]}"
+  graphs_bench titles "${TITLES[@]}"
 fi
 if [[ $what == all || $what == profile ]]; then  # where HPD's time goes on the long workload
   echo "== profile" | tee -a "$LOG"

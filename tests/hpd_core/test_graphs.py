@@ -1,0 +1,63 @@
+"""Fixed steps replayed from CUDA graphs (hpd_core/graphs.py): when they apply, and on CUDA the
+same tokens and pass counts as the eager steps, with rows refilled between replays."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hpd_core.autoregressive import AutoregressiveDecoder
+from hpd_core.config import DecodeConfig
+from hpd_core.decoders import make_decoder
+from hpd_core.graphs import graphs_apply
+
+from .conftest import ARCHITECTURES
+from .test_session import category_requests
+
+
+def test_graphs_apply_only_when_asked_on_cuda_greedy_without_host_steps():
+    on = DecodeConfig(cuda_graphs=True)
+    assert graphs_apply(on, "cuda") and graphs_apply(on, "cuda:1")
+    assert not graphs_apply(on, "cpu")
+    assert not graphs_apply(DecodeConfig(), "cuda")  # off by default
+    assert not graphs_apply(DecodeConfig(cuda_graphs=True, temperature=0.7), "cuda")
+    assert not graphs_apply(on, "cuda", host_step=True)
+
+
+def test_cuda_graphs_must_be_a_bool():
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        DecodeConfig(cuda_graphs="yes")
+
+
+def test_cuda_graphs_change_nothing_on_a_cpu(models, tokenizer):
+    """Asked for on a CPU, fixed steps run eagerly: the same tokens as without."""
+    requests = category_requests(random.Random(50), 3)
+    base = DecodeConfig(max_value_tokens=5, max_batch_size=2, step_shape="fixed")
+    with_graphs = DecodeConfig(max_value_tokens=5, max_batch_size=2, step_shape="fixed", cuda_graphs=True)
+    for name, key in (("hpd", "slot_tokens"), ("ar", "text")):
+        a = make_decoder(name, models["llama"], tokenizer, base).decode(requests)
+        b = make_decoder(name, models["llama"], tokenizer, with_graphs).decode(requests)
+        assert [r.extra[key] for r in a] == [r.extra[key] for r in b]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_cuda_graph_steps_equal_eager_steps(tokenizer, arch):
+    """On CUDA, float32: HPD and the baseline give the same tokens and count the same forward
+    passes with their fixed steps replayed from a graph as run eagerly; two rows for five prompts,
+    so rows are refilled between replays."""
+    from .conftest import tiny_model
+
+    requests = category_requests(random.Random(51), 5)
+    model = tiny_model(arch, len(tokenizer)).cuda()
+    eager = DecodeConfig(max_value_tokens=6, max_batch_size=2)
+    graphed = DecodeConfig(max_value_tokens=6, max_batch_size=2, cuda_graphs=True)
+    for make, key in ((lambda c: make_decoder("hpd", model, tokenizer, c), "slot_tokens"),
+                      (lambda c: AutoregressiveDecoder(model, tokenizer, c), "text")):  # fmt: skip
+        a, b = make(eager), make(graphed)
+        ra, rb = a.decode(requests), b.decode(requests)
+        assert [r.extra[key] for r in rb] == [r.extra[key] for r in ra]
+        assert b.runner.counts == a.runner.counts and b.runner.tokens == a.runner.tokens
