@@ -2,8 +2,9 @@
 the measured matmul speed that the prefill compute limit is computed from.
 
 Forward passes are counted from what the engine's runner reports of each (``ModelRunner.passed``),
-so both decoders are counted by the same code, graph replays included. Peak device memory is reset before each run; peak host memory is the process RSS
-sampled during the run (it includes the model weights).
+so both decoders are counted by the same code, graph replays included. Peak device memory is reset
+before each run; peak host memory is the process RSS sampled during the run (it includes the model
+weights).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ import torch
 
 from hpd_core.batching import BatchedDecoder, session_rows
 from hpd_core.config import DecodeConfig
+from hpd_core.graphs import StepGraph, graphs_apply
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
 from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
-from hpd_core.graphs import StepGraph, graphs_apply
 from hpd_core.runner import ModelRunner
 from hpd_core.session import Prompt, Session
 from hpd_core.sampling import make_generator, select

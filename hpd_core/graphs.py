@@ -16,8 +16,9 @@ of the forward pass are replayed through ``ModelRunner.passed``, and what the ho
 stays outside the graph (``Session.after_fixed_step``). Greedy decoding only (sampling would need
 the generator registered with the graph), and no step that needs the host: span decoding (a round
 trip per step), the baseline's teacher forcing and recorded logits (test tools). HPD's teacher
-forcing (`hpd bench --synthetic`) reads a tensor and is recorded like free decoding. The eager step is the reference: tests/hpd_core/test_graphs.py
-checks, on CUDA, that both give the same tokens.
+forcing (``hpd bench --synthetic``) reads a tensor and is recorded like free decoding. The eager
+step is the reference: tests/hpd_core/test_graphs.py checks, on CUDA, that both give the same
+tokens and pass counts.
 """
 
 from __future__ import annotations
