@@ -20,7 +20,6 @@ import torch
 
 from hpd_core.batching import BatchedDecoder, session_rows
 from hpd_core.config import DecodeConfig
-from hpd_core.graphs import StepGraph, graphs_apply
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
 from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
@@ -196,8 +195,7 @@ class ARSession(Session):
         # fixed steps: the last check_every steps' tokens (-1: none), newest last, and how many the host has not read
         self.recent = torch.full((rows, self.check_every), -1, dtype=torch.long, device=dev)
         self.unread = 0
-        if self.fixed and graphs_apply(cfg, dev, host_step=forced is not None or self.answers is not None):
-            self.graph = StepGraph(self.fixed_step, decoder.runner)
+        self.replay_fixed_steps(cfg, host_step=forced is not None or self.answers is not None)
         self.append_at = [0] * rows  # packed steps: where each row's next fed token goes
 
     def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:

@@ -29,7 +29,6 @@ import torch
 
 from hpd_core.batching import BatchedDecoder, session_rows
 from hpd_core.config import DecodeConfig
-from hpd_core.graphs import StepGraph, graphs_apply
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import Layout, build_layout, require_token_boundary, shared_prefix_length
 from hpd_core.prompts import parse_value, shared_prefix_text
@@ -144,8 +143,7 @@ class HPDSession(Session):
         self.force = full(pad, S, K) if forced is not None else None
         self.recorded = torch.zeros((rows, S, K, decoder.runner.vocab_size), device=dev) if record else None
         self.steps_since_check = 0
-        if self.fixed and graphs_apply(cfg, dev, host_step=record or decoder.spans is not None):
-            self.graph = StepGraph(self.fixed_step, decoder.runner)
+        self.replay_fixed_steps(cfg, host_step=record or decoder.spans is not None)
         self.span_slots: list[list] = [[] for _ in range(rows)]  # span decoding: each row's SpanSlots
 
     # -- rows start ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from hpd_core.graphs import StepGraph, graphs_apply
 from hpd_core.kvcache import Prefix, PrefixStore, RowCache
 from hpd_core.runner import ModelRunner
 
@@ -162,6 +163,11 @@ class Session:
 
     def after_fixed_step(self) -> None:
         """The host's part after each fixed step (never recorded in a graph)."""
+
+    def replay_fixed_steps(self, config, host_step: bool) -> None:
+        """Run ``fixed_step`` from a CUDA graph where ``graphs.graphs_apply`` says it may."""
+        if self.fixed and graphs_apply(config, self.runner.device, host_step):
+            self.graph = StepGraph(self.fixed_step, self.runner)
 
     def done(self) -> list[int]:
         """Busy rows whose prompt is finished."""
