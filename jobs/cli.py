@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from jobs import CommandFailed
+from jobs import CommandFailed, Terminated, stop_cleanly_on_sigterm
 
 # name -> (module, one-line help)
 SUBCOMMANDS = {
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    stop_cleanly_on_sigterm()
     try:
         return int(modules[args.command].run(args) or 0)
     except (OSError, ValueError) as err:  # bad paths, bad input, bad settings: say what, not where
@@ -53,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hpd {args.command}: failed: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
         hint = getattr(modules[args.command], "INTERRUPTED", "")
-        print(f"\nhpd {args.command}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
-        return 130
+        what = "stopped (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        print(f"\nhpd {args.command}: {what}{'; ' + hint if hint else ''}", file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
 
 
 if __name__ == "__main__":

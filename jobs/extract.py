@@ -16,7 +16,7 @@ import re
 import sys
 
 from hpd_core.config import DEFAULT_MODEL, SKELETONS, DecodeConfig, ModelConfig
-from jobs import CommandFailed
+from jobs import CommandFailed, stop_cleanly_on_sigterm
 from pipelines.dryrun import FAILURE_MODES, DryRunConfig
 from pipelines.reader import ReadConfig
 from pipelines.report import CPU_PRICE_PER_HOUR, GPU_PRICE_PER_HOUR
@@ -130,6 +130,7 @@ def _run_on_ray(config, args) -> dict:
         except Exception as err:  # ConnectionError, ...; a plain Exception when its node times out at startup
             first_line = (str(err).splitlines() or [""])[0]
             raise CommandFailed(f"could not start or join Ray: {type(err).__name__}: {first_line}") from err
+        stop_cleanly_on_sigterm()  # after ray.init, which installs its own SIGTERM handler
     try:
         with quiet.StderrFilter(active=not args.verbose):
             return run_job(

@@ -32,6 +32,7 @@ from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DTYPES, SKELETONS, De
 CONFIG_FILE = "training_config.json"
 EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
 DEFAULT_VAL_FRACTION = 0.1
+INTERRUPTED = "the same command with --resume continues from the last checkpoint (OUT/checkpoint/, saved every --checkpoint-minutes)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -65,3 +65,25 @@ def test_dependencies_point_one_way(package):
     assert files, f"no modules in {package}/"
     wrong = {str(f.relative_to(ROOT)): sorted(_project_imports(f) - LAYERS[package]) for f in files}
     assert {f: names for f, names in wrong.items() if names} == {}
+
+
+@pytest.mark.parametrize("stop, code, said", [
+    ("SIGTERM", 143, "hpd finetune: stopped (SIGTERM); the same command with --resume continues"),
+    ("SIGINT", 130, "hpd finetune: interrupted; the same command with --resume continues"),
+])
+def test_a_stopped_command_says_how_to_continue_and_exits_by_its_signal(stop, code, said):
+    """SIGTERM (a scheduler or pod stopping the job) unwinds like Ctrl-C: no traceback, the command's
+    hint, exit 143 (Ctrl-C: 130). The command here stops itself with the signal."""
+    import subprocess
+    import sys
+
+    code_text = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as a terminal would have it
+        "from jobs import cli, finetune\n"
+        f"finetune.run = lambda args: (os.kill(os.getpid(), signal.{stop}), time.sleep(30))\n"
+        "sys.exit(cli.main(['finetune', '--train', 'unused', '--out', 'unused']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code_text], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
