@@ -9,6 +9,7 @@
 Nothing outside ``jobs`` imports it.
 """
 
+import contextlib
 import signal
 import threading
 
@@ -33,3 +34,18 @@ def stop_cleanly_on_sigterm() -> None:
     after ``ray.init``."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+@contextlib.contextmanager
+def sigterm_stops_cleanly():
+    """``stop_cleanly_on_sigterm`` while the block runs; the handler from before is put back after
+    it (``hpd``'s commands also run inside other processes: tests, a notebook)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_cleanly_on_sigterm()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from jobs import CommandFailed, Terminated, stop_cleanly_on_sigterm
+from jobs import CommandFailed, Terminated, sigterm_stops_cleanly
 
 # name -> (module, one-line help)
 SUBCOMMANDS = {
@@ -41,23 +41,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    stop_cleanly_on_sigterm()
+    with sigterm_stops_cleanly():
+        return _run(args.command, modules[args.command], args)
+
+
+def _run(command: str, module, args: argparse.Namespace) -> int:
     try:
-        return int(modules[args.command].run(args) or 0)
+        return int(module.run(args) or 0)
     except (OSError, ValueError) as err:  # bad paths, bad input, bad settings: say what, not where
         if os.environ.get("HPD_TRACEBACK"):
             raise
-        print(f"hpd {args.command}: error: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        print(f"hpd {command}: error: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 2
     except CommandFailed as err:  # it started and failed: one message, not a traceback
         if os.environ.get("HPD_TRACEBACK"):
             raise
-        print(f"hpd {args.command}: failed: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        print(f"hpd {command}: failed: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 1
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
-        hint = getattr(modules[args.command], "INTERRUPTED", "")
+        hint = getattr(module, "INTERRUPTED", "")
         what = "stopped (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
-        print(f"\nhpd {args.command}: {what}{'; ' + hint if hint else ''}", file=sys.stderr)
+        print(f"\nhpd {command}: {what}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
 
 

@@ -4,6 +4,9 @@ packages under it never import `jobs` (dependencies point one way)."""
 from __future__ import annotations
 
 import ast
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,9 +77,6 @@ def test_dependencies_point_one_way(package):
 def test_a_stopped_command_says_how_to_continue_and_exits_by_its_signal(stop, code, said):
     """SIGTERM (a scheduler or pod stopping the job) unwinds like Ctrl-C: no traceback, the command's
     hint, exit 143 (Ctrl-C: 130). The command here stops itself with the signal."""
-    import subprocess
-    import sys
-
     code_text = (
         "import os, signal, sys, time\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as a terminal would have it
@@ -87,3 +87,16 @@ def test_a_stopped_command_says_how_to_continue_and_exits_by_its_signal(stop, co
     done = subprocess.run([sys.executable, "-c", code_text], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == code, done.stderr
     assert said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_sigterm_handler_from_before_is_back_after_a_command():
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert cli.main(["evaluate", "--predictions", "/nonexistent",
+                         "--gold", "/nonexistent", "--attributes", "/nonexistent"]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
