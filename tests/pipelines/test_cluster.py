@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import free_port
 
-from .helpers import REPO, SAMPLE, read_attributes, report, upload
+from .helpers import REPO, SAMPLE, commits, read_attributes, report, upload, wait_for
 
 SUBMIT_SECONDS = 600
 
@@ -80,6 +80,27 @@ def test_ray_job_submit_runs_the_job_on_a_started_head(s3_server):
         assert result["rows_in"] == result["products_out"] == 40 and result["rows_rejected"] == 0
         assert len(set(read_attributes(output).column("product_id").to_pylist())) == 40
         print(f"\nray job submit: {time.time() - started:.0f} s")
+
+        # `ray job stop` sends SIGTERM and, 3 s later (RAY_JOB_STOP_WAIT_TIME_S), SIGKILL: the job ends
+        # cleanly within that, and the same command submitted again resumes it
+        address = ["--address", f"http://127.0.0.1:{dashboard}"]
+        slow = [*submit, "--chunk-rows", "5", "--dry-run-seconds-per-prompt", "2"]  # 8 chunks of about 4 s
+        slow[slow.index("--output") + 1] = stopped = f"s3://{bucket}/stopped"
+        job_id = f"hpd-stop-{secrets.token_hex(4)}"
+        subprocess.run([*slow[:3], "--submission-id", job_id, "--no-wait", *slow[3:]], cwd=REPO, env=env, check=True,
+                       capture_output=True, timeout=SUBMIT_SECONDS)
+        wait_for(lambda: len(commits(stopped)) >= 1, "a committed chunk")
+        subprocess.run(["ray", "job", "stop", *address, job_id], env=env, check=True, capture_output=True,
+                       timeout=SUBMIT_SECONDS)
+        logs = subprocess.run(["ray", "job", "logs", *address, job_id], env=env, capture_output=True,
+                              timeout=120).stdout.decode()
+        assert "hpd extract: stopped (SIGTERM); run the same command again to resume" in logs, logs[-4000:]
+        assert "SIGTERM received" not in logs and "Traceback" not in logs, logs[-4000:]
+        assert 1 <= len(commits(stopped)) < 8  # stopped before its 8 chunks were done
+        again = subprocess.run(slow, cwd=REPO, env=env, capture_output=True, timeout=SUBMIT_SECONDS)
+        assert again.returncode == 0, (again.stdout + again.stderr).decode()[-4000:]
+        result = report(stopped)
+        assert result["rows_in"] == result["products_out"] == 40 and result["attempts"] == 2
     finally:
         _stop_head(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
