@@ -44,6 +44,21 @@ def free_port(with_grpc: bool = False) -> int:
             return port
 
 
+def weed_ports(count: int) -> list[int]:
+    """``count`` free ports for SeaweedFS services whose HTTP and gRPC ports (port + 10000) are all
+    distinct: ``weed mini`` refuses a service port that is another service's gRPC port ("Port
+    allocation failed: ... reserved for gRPC calculation"), which free_port alone does not rule out."""
+    ports: list[int] = []
+    taken: set[int] = set()
+    while len(ports) < count:
+        port = free_port(with_grpc=True)
+        if {port, port + GRPC_PORT_OFFSET} & taken:
+            continue
+        ports.append(port)
+        taken |= {port, port + GRPC_PORT_OFFSET}
+    return ports
+
+
 @dataclass
 class S3Server:
     endpoint: str
@@ -67,7 +82,7 @@ class S3Server:
 
 
 def _start_weed(directory: str) -> tuple[subprocess.Popen, int]:
-    s3_port = free_port(with_grpc=True)
+    s3_port, master_port, filer_port, volume_port, admin_port = weed_ports(5)
     env = dict(os.environ, AWS_ACCESS_KEY_ID=S3_ACCESS_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET_KEY)
     command = [
         shutil.which("weed") or "weed",
@@ -76,10 +91,10 @@ def _start_weed(directory: str) -> tuple[subprocess.Popen, int]:
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
         f"-s3.port={s3_port}",
-        f"-master.port={free_port(with_grpc=True)}",
-        f"-filer.port={free_port(with_grpc=True)}",
-        f"-volume.port={free_port(with_grpc=True)}",
-        f"-admin.port={free_port(with_grpc=True)}",
+        f"-master.port={master_port}",
+        f"-filer.port={filer_port}",
+        f"-volume.port={volume_port}",
+        f"-admin.port={admin_port}",
         "-admin.ui=false",
         "-webdav=false",
         "-s3.port.iceberg=0",

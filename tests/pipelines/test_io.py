@@ -112,3 +112,15 @@ def test_local_writes_leave_no_temporary_files(tmp_path):
 def test_ipc_round_trip():
     table = pa.table({"a": [1, None], "b": [["x"], []]})
     assert io.table_from_bytes(io.table_to_bytes(table)).equals(table)
+
+
+def test_weed_ports_never_give_one_service_anothers_grpc_port():
+    """weed mini puts each service's gRPC at its port + 10000 and exits when a service port is one of
+    those ("Port allocation failed: ... reserved for gRPC calculation", seen once in the suite):
+    the test server's ports and their gRPC ports are all distinct."""
+    from tests.conftest import GRPC_PORT_OFFSET, weed_ports
+
+    for _ in range(20):
+        ports = weed_ports(5)
+        everything = ports + [p + GRPC_PORT_OFFSET for p in ports]
+        assert len(set(everything)) == len(everything) and max(everything) < 65536
