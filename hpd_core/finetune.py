@@ -23,94 +23,12 @@ import torch.nn.functional as F
 
 from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, stack_examples
 from hpd_core import checkpoint, masks
-from hpd_core.config import DecodeConfig
+from hpd_core.config import TrainConfig  # the recipe (a config: hpd_core/config.py)
 from hpd_core.types import Attribute
 
 log = logging.getLogger(__name__)
 
-FINETUNE_DECODERS = ("hpd", "ar")
-DEFAULT_LORA_LR = 5e-4  # the shipped default's recipe (README, Quality: the recipe search)
-DEFAULT_FULL_LR = 5e-5
 LORA_TARGETS = "all-linear"  # every attention and MLP projection; never the LM head
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to fine-tune.
-
-    docs_per_prompt, max_docs_per_prompt: each training prompt draws J, its number of products,
-        uniformly from docs_per_prompt..max_docs_per_prompt (default 1..8: the model learns where a
-        product ends whatever J extraction uses); max_docs_per_prompt None: always docs_per_prompt.
-    The defaults are the recipe of the shipped default adapter (README, Quality).
-    skeleton: where HPD's keys go (DecodeConfig.skeleton); extraction must use the same.
-    full: full fine-tuning of the body (every weight but the token embeddings and the LM head,
-        which stay frozen unless ``train_embeddings``); else LoRA on every linear projection.
-    autocast: "bfloat16" runs forward and backward in bf16 autocast with float32 master weights
-        (about 3x faster on CPUs with AVX-512 BF16 or AMX, and on GPUs); None: the model's dtype.
-    checkpoint_minutes: with a checkpoint directory, save the whole training state this often
-        (and at each epoch's end); ``train(..., resume=True)`` continues from the last one with the
-        same result as an uninterrupted run.
-    max_value_tokens: K_max, the position gap; gold values longer than this are cut (collate.py).
-    lr: None picks DEFAULT_LORA_LR or DEFAULT_FULL_LR.
-    grad_accum: micro-batches per optimizer step; ``max_steps`` caps optimizer steps (smoke runs).
-    warmup_ratio: fraction of the optimizer steps with linearly rising LR; then linear decay to 0.
-    """
-
-    docs_per_prompt: int = 1
-    max_docs_per_prompt: int | None = 8
-    decoder: str = "hpd"
-    skeleton: str = "interleaved"
-    max_value_tokens: int = DecodeConfig().max_value_tokens
-    full: bool = False
-    train_embeddings: bool = False
-    lora_rank: int = 64
-    lora_alpha: int = 128
-    lora_dropout: float = 0.05
-    lr: float | None = None
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.05
-    max_grad_norm: float = 1.0
-    batch_size: int = 1
-    grad_accum: int = 4
-    epochs: int = 3
-    max_steps: int | None = None
-    seed: int = 0
-    log_every: int = 10
-    gradient_checkpointing: bool = False
-    autocast: str | None = None
-    checkpoint_minutes: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.decoder not in FINETUNE_DECODERS:
-            raise ValueError(f"decoder must be one of {FINETUNE_DECODERS}, got {self.decoder!r}")
-        DecodeConfig(max_value_tokens=self.max_value_tokens, skeleton=self.skeleton)  # as decoding
-        if self.max_docs_per_prompt is not None and not (
-            isinstance(self.max_docs_per_prompt, int) and self.max_docs_per_prompt >= self.docs_per_prompt
-        ):
-            raise ValueError(f"max_docs_per_prompt must be an int >= docs_per_prompt, got {self.max_docs_per_prompt!r}")
-        if self.autocast not in (None, "bfloat16"):
-            raise ValueError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
-        if not self.checkpoint_minutes > 0:
-            raise ValueError(f"checkpoint_minutes must be > 0, got {self.checkpoint_minutes}")
-        positive = ("docs_per_prompt", "lora_rank", "batch_size", "grad_accum", "epochs", "log_every")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-
-    @property
-    def learning_rate(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return DEFAULT_FULL_LR if self.full else DEFAULT_LORA_LR
 
 
 @dataclass

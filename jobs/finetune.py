@@ -11,7 +11,7 @@ the same for both decoders). The adapter (or, with
 ``--full``, the whole model) is saved in ``--out`` with ``training_config.json``; load it with
 ``ModelConfig(name=MODEL, adapter=OUT)`` (``hpd extract --adapter OUT``).
 
-Training defaults live in ``hpd_core.finetune.TrainConfig``; options left unset here take them.
+Training defaults live in ``hpd_core.config.TrainConfig``; options left unset here take them.
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from hpd_core.config import ATTENTION, DEFAULT_BASE_MODEL, DTYPES, SKELETONS, DecodeConfig, ModelConfig
+from hpd_core.config import (
+    ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_FULL_LR, DEFAULT_LORA_LR, DTYPES, SKELETONS, DecodeConfig, ModelConfig, TrainConfig,
+)
 
 CONFIG_FILE = "training_config.json"
 EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
 DEFAULT_VAL_FRACTION = 0.1
+TRAIN_DEFAULTS = TrainConfig()  # the defaults the help texts name
 INTERRUPTED = "the same command with --resume continues from the last checkpoint (OUT/checkpoint/, saved every --checkpoint-minutes)"
 
 
@@ -62,29 +65,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--dtype", choices=DTYPES, default=ModelConfig().dtype, help="weights dtype (default %(default)s)")
     model.add_argument("--attention", choices=[a for a in ATTENTION if a != "flex_attention"], default="sdpa")
     model.add_argument("--out", type=Path, required=True, help="output directory for the adapter and training_config.json")
-    train = parser.add_argument_group("training (unset options take hpd_core.finetune.TrainConfig defaults)")
+    train = parser.add_argument_group("training (unset options take hpd_core.config.TrainConfig defaults)")
     train.add_argument("--decoder", choices=["hpd", "ar"], default="hpd", help="training view: hpd (default) or ar baseline")
     train.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
-    train.add_argument("--lora-rank", type=int, help="LoRA rank (default 16)")
-    train.add_argument("--lora-alpha", type=int, help="LoRA alpha (default 32)")
-    train.add_argument("--lora-dropout", type=float, help="LoRA dropout (default 0.05)")
-    train.add_argument("--lr", type=float, help="peak learning rate (default 2e-4 LoRA, 2e-5 full)")
+    train.add_argument("--lora-rank", type=int, help=f"LoRA rank (default {TRAIN_DEFAULTS.lora_rank})")
+    train.add_argument("--lora-alpha", type=int, help=f"LoRA alpha (default {TRAIN_DEFAULTS.lora_alpha})")
+    train.add_argument("--lora-dropout", type=float, help=f"LoRA dropout (default {TRAIN_DEFAULTS.lora_dropout})")
+    train.add_argument("--lr", type=float, help=f"peak learning rate (default {DEFAULT_LORA_LR:g} LoRA, {DEFAULT_FULL_LR:g} full)")
     train.add_argument("--weight-decay", type=float)
-    train.add_argument("--warmup-ratio", type=float, help="fraction of steps with rising LR (default 0.05)")
+    train.add_argument("--warmup-ratio", type=float, help=f"fraction of steps with rising LR (default {TRAIN_DEFAULTS.warmup_ratio})")
     train.add_argument("--max-grad-norm", type=float)
-    train.add_argument("--batch-size", type=int, help="prompts per micro-batch (default 1)")
-    train.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 4)")
-    train.add_argument("--epochs", type=int, help="(default 3)")
+    train.add_argument("--batch-size", type=int, help=f"prompts per micro-batch (default {TRAIN_DEFAULTS.batch_size})")
+    train.add_argument("--grad-accum", type=int, help=f"micro-batches per optimizer step (default {TRAIN_DEFAULTS.grad_accum})")
+    train.add_argument("--epochs", type=int, help=f"(default {TRAIN_DEFAULTS.epochs})")
     train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (smoke runs, timing)")
-    train.add_argument("--seed", type=int, help="(default 0)")
-    train.add_argument("--log-every", type=int, help="progress line every N optimizer steps (default 10)")
+    train.add_argument("--seed", type=int, help=f"(default {TRAIN_DEFAULTS.seed})")
+    train.add_argument("--log-every", type=int, help=f"progress line every N optimizer steps (default {TRAIN_DEFAULTS.log_every})")
     train.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
     train.add_argument("--max-docs-per-prompt", type=int, metavar="J_MAX",
                        help="train on a mix of J: each prompt draws J from --docs-per-prompt (default 1)..J_MAX")
-    train.add_argument("--skeleton", choices=SKELETONS, help="where HPD's keys go (default interleaved); extract with the same")
+    train.add_argument("--skeleton", choices=SKELETONS, help=f"where HPD's keys go (default {TRAIN_DEFAULTS.skeleton}); extract with the same")
     train.add_argument("--train-embeddings", action="store_true", help="with --full, also train the token embeddings / LM head")
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
-    train.add_argument("--checkpoint-minutes", type=float, help="save the training state this often (default 5) in OUT/checkpoint/")
+    train.add_argument("--checkpoint-minutes", type=float, help=f"save the training state this often (default {TRAIN_DEFAULTS.checkpoint_minutes:g}) in OUT/checkpoint/")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (same result as an uninterrupted run)")
     train.add_argument("--stop-after-epoch", type=int, metavar="N",
                        help="end this sitting after epoch N, checkpointed; the same command with --resume continues "
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
     options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
-    config = finetune.TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
+    config = TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
     bare = bare_model_name(args.model)
     if bare is not None:
         raise ValueError(

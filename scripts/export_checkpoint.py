@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from hpd_core.checkpoint import load_weights
-from hpd_core.config import ModelConfig
-from hpd_core.finetune import TrainConfig, prepare_model
+from hpd_core.config import ModelConfig, TrainConfig
+from hpd_core.finetune import prepare_model
 from hpd_core.models import load_model
 
 

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from hpd_core import masks
 from hpd_core.collate import IGNORE, stack_examples
-from hpd_core.config import ModelConfig
-from hpd_core.finetune import TrainConfig, to_features
+from hpd_core.config import ModelConfig, TrainConfig
+from hpd_core.finetune import to_features
 from hpd_core.models import load_model
 from training.data import load_gold, resolve_sources
 

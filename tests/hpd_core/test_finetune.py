@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from hpd_core.autoregressive import AutoregressiveDecoder
 from hpd_core.collate import IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, value_tokens
-from hpd_core.config import DecodeConfig, ModelConfig
+from hpd_core.config import DecodeConfig, ModelConfig, TrainConfig
 from hpd_core.engine import HPDDecoder
-from hpd_core.finetune import TrainConfig, collate_for, mean_loss, prepare_model, remaining, save, token_losses, train
+from hpd_core.finetune import collate_for, mean_loss, prepare_model, remaining, save, token_losses, train
 from hpd_core.layout import build_layout
 from hpd_core.models import load_model
 from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
@@ -259,6 +259,22 @@ def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
 def test_train_config_validation(kwargs):
     with pytest.raises(ValueError):
         TrainConfig(**{"docs_per_prompt": 2, "max_docs_per_prompt": None, **kwargs})
+
+
+def test_train_config_defaults_are_the_shipped_adapters_recipe():
+    """`hpd finetune` with no recipe options trains what the shipped default was trained with (its
+    own record, training_config.json): the recipe fields, the learning rate it resolved included.
+    Only how often it logged and checkpointed may differ."""
+    import json
+
+    from hpd_core.models import DEFAULT_ADAPTER_DIR
+
+    record = json.loads((DEFAULT_ADAPTER_DIR / "training_config.json").read_text())
+    operational = {"log_every", "checkpoint_minutes", "lr"}
+    defaults = dataclasses.asdict(TrainConfig())
+    recorded = {k: v for k, v in record["train_config"].items() if k not in operational}
+    assert {k: defaults[k] for k in recorded} == recorded
+    assert TrainConfig().learning_rate == record["learning_rate"] == record["train_config"]["lr"]
 
 
 def _resume_run(tokenizer, tmp_path, config, stop_after):

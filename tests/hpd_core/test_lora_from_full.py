@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from hpd_core.config import ModelConfig
-from hpd_core.finetune import TrainConfig, prepare_model, save, train
+from hpd_core.config import ModelConfig, TrainConfig
+from hpd_core.finetune import prepare_model, save, train
 from hpd_core.lora_from_full import lora_from_full
 from hpd_core.models import load_model
 from tests.pipelines.helpers import REPO

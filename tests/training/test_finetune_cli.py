@@ -187,7 +187,7 @@ def test_docs_per_prompt_options_map_to_the_mix():
     """--docs-per-prompt alone fixes J; --max-docs-per-prompt makes a mix; neither: the recipe's mix."""
     import argparse
 
-    from hpd_core.finetune import TrainConfig
+    from hpd_core.config import TrainConfig
 
     def config(docs, top):
         return TrainConfig(**docs_options(argparse.Namespace(docs_per_prompt=docs, max_docs_per_prompt=top)))
