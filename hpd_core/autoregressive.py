@@ -73,7 +73,8 @@ def answer_length(tokenizer, products: int, tokens: list[int], special: set[int]
 
 def make_result(decoder: str, tokenizer, request: Request, prompt_len: int, tokens: list[int], n: int, complete: bool) -> Result:
     """A Result from one row's generated tokens, the answer being ``tokens[:n]`` (``complete``: it
-    ended by itself or, with exact lengths, at its fixed length). Every token took a forward pass."""
+    ended by itself or, with exact lengths, at its fixed length). Every token took a forward pass;
+    ``extra["tokens"]`` keeps them all (tests compare decoders token for token)."""
     text = answer_prefix() + tokenizer.decode(tokens[:n], skip_special_tokens=True)
     return Result(
         request=request,
@@ -82,7 +83,7 @@ def make_result(decoder: str, tokenizer, request: Request, prompt_len: int, toke
         generated_tokens=n,
         forward_passes=len(tokens),
         decoder=decoder,
-        extra={"text": text},
+        extra={"text": text, "tokens": tuple(tokens)},
     )
 
 

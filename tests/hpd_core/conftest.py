@@ -110,6 +110,25 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0, attention: str = "sdpa
     return model.float().eval()
 
 
+FLOAT_TIE = 1e-4  # logits this close are a tie: float32 rounding of another summation order may pick either
+
+
+def parts_at_a_tie(model, prompt: list[int], fast: tuple[int, ...], slow: tuple[int, ...]) -> bool:
+    """False when two greedy decodings of ``prompt`` are the same tokens. Otherwise they must part
+    where the slow one's own logits (no cache, one sequence) hold a tie between the two choices,
+    within FLOAT_TIE, and True says so (what follows a tie is not comparable); a real difference
+    fails here."""
+    if fast == slow:
+        return False
+    step = next((i for i, (a, b) in enumerate(zip(fast, slow)) if a != b), None)
+    assert step is not None, f"same tokens, different lengths: {len(fast)} against {len(slow)}"
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + list(slow[:step])])).logits[0, -1].float()
+    gap = (logits[slow[step]] - logits[fast[step]]).item()
+    assert abs(gap) <= FLOAT_TIE, f"token {step}: {fast[step]} chosen against {slow[step]}, logits {gap:.3g} apart"
+    return True
+
+
 @pytest.fixture(scope="session")
 def models(tokenizer):
     """One tiny random model per architecture, built once."""

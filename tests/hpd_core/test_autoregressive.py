@@ -15,7 +15,7 @@ from hpd_core.layout import encode
 from hpd_core.prompts import render_answer
 from hpd_core.reference import AutoregressiveReference
 
-from .conftest import ARCHITECTURES, random_request, random_text
+from .conftest import ARCHITECTURES, parts_at_a_tie, random_request, random_text
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -34,16 +34,37 @@ def batches(draw):
 @SETTINGS
 @given(case=batches())
 def test_baseline_equals_reference(models, tokenizer, arch, case):
-    """Batched, left-padded, cached, rows retiring at different steps == one at a time, no cache."""
+    """Batched, left-padded, cached, rows retiring at different steps == one at a time, no cache
+    (token for token, up to a float32 tie in the oracle's own logits: see parts_at_a_tie)."""
     requests, k_max, exact = case
     config = DecodeConfig(max_value_tokens=k_max)
-    fast = AutoregressiveDecoder(models[arch], tokenizer, config).decode(requests, exact_new_tokens=exact)
+    decoder = AutoregressiveDecoder(models[arch], tokenizer, config)
+    fast = decoder.decode(requests, exact_new_tokens=exact)
     slow = AutoregressiveReference(models[arch], tokenizer, config).decode(requests, exact_new_tokens=exact)
-    for a, b in zip(fast, slow):
+    for request, a, b in zip(requests, fast, slow):
+        if parts_at_a_tie(models[arch], decoder.prompt_ids(request), a.extra["tokens"], b.extra["tokens"]):
+            continue
         assert a.extra["text"] == b.extra["text"]
         assert (a.values, a.generated_tokens, a.forward_passes) == (b.values, b.generated_tokens, b.forward_passes)
     if exact:
         assert [r.generated_tokens for r in fast] == exact
+
+
+def test_only_a_float_tie_excuses_a_difference(models, tokenizer):
+    """parts_at_a_tie (which lets the test above skip what follows a tie) fails on a real difference:
+    the oracle's own tokens with one replaced by its runner-up, which the tiny models' logits keep
+    far more than FLOAT_TIE below the winner."""
+    import torch
+
+    model, request = models["gemma3"], random_request(random.Random(7), 2, 2)
+    decoder = AutoregressiveReference(model, tokenizer, DecodeConfig(max_value_tokens=3))
+    (slow,) = decoder.decode([request])
+    tokens, prompt = slow.extra["tokens"], decoder.prompt_ids(request)
+    assert len(tokens) > 5 and not parts_at_a_tie(model, prompt, tokens, tokens)
+    with torch.inference_mode():
+        runner_up = int(model(input_ids=torch.tensor([prompt + list(tokens[:5])])).logits[0, -1].topk(2).indices[1])
+    with pytest.raises(AssertionError, match="token 5"):
+        parts_at_a_tie(model, prompt, tokens[:5] + (runner_up,) + tokens[6:], tokens)
 
 
 def test_rows_retire_at_different_lengths(models, tokenizer):
