@@ -129,6 +129,28 @@ def parts_at_a_tie(model, prompt: list[int], fast: tuple[int, ...], slow: tuple[
     return True
 
 
+def slots_part_at_a_tie(reference, request, fast: list[list[int]], slow: list[list[int]]) -> bool:
+    """parts_at_a_tie for HPD: ``fast`` and ``slow`` are every slot's tokens (``slot_tokens``),
+    ``slow`` from ``reference`` (a ReferenceDecoder). At the first step where a slot differs, the
+    oracle's logits for the state before it (each slot fed its tokens so far, a finished slot all
+    but its last) must hold a tie between the two choices."""
+    if fast == slow:
+        return False
+    step, slot = min(
+        (next((k for k, (a, b) in enumerate(zip(f, s)) if a != b), min(len(f), len(s))), i)
+        for i, (f, s) in enumerate(zip(fast, slow))
+        if f != s
+    )
+    assert step < min(len(fast[slot]), len(slow[slot])), f"slot {slot}: same tokens, different lengths"
+    layout = reference.prepare([request])[0]
+    fed = [list(s[: min(step, len(s) - 1)]) for s in slow]
+    with torch.inference_mode():
+        logits = reference.step_logits(layout, fed)[slot]
+    gap = (logits[slow[slot][step]] - logits[fast[slot][step]]).item()
+    assert abs(gap) <= FLOAT_TIE, f"slot {slot} token {step}: {fast[slot][step]} chosen against {slow[slot][step]}, logits {gap:.3g} apart"
+    return True
+
+
 @pytest.fixture(scope="session")
 def models(tokenizer):
     """One tiny random model per architecture, built once."""

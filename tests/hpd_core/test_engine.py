@@ -20,7 +20,7 @@ from hpd_core.reference import logical_sequence
 from hpd_core.stopping import DONE, START, advance
 from hpd_core.types import Attribute, Product, Request
 
-from .conftest import ARCHITECTURES, random_request
+from .conftest import ARCHITECTURES, random_request, slots_part_at_a_tie
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -46,12 +46,33 @@ def test_hpd_equals_reference_oracle(models, tokenizer, arch, case):
     requests, k_max = case
     config = DecodeConfig(max_value_tokens=k_max)
     fast = make_decoder("hpd", models[arch], tokenizer, config).decode(requests)
-    slow = make_decoder("reference", models[arch], tokenizer, config).decode(requests)
-    assert slot_tokens(fast) == slot_tokens(slow)
-    for a, b in zip(fast, slow):
+    reference = make_decoder("reference", models[arch], tokenizer, config)
+    slow = reference.decode(requests)
+    for request, a, b in zip(requests, fast, slow):
+        if slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"]):
+            continue  # a float32 tie in the oracle's own logits: what follows is not comparable
+        assert a.extra["slot_tokens"] == b.extra["slot_tokens"]
         assert a.values == b.values
         assert a.generated_tokens == b.generated_tokens
         assert a.forward_passes == b.forward_passes
+
+
+def test_only_a_float_tie_excuses_a_slot_difference(models, tokenizer):
+    """slots_part_at_a_tie fails on a real difference: the oracle's tokens with one slot's second
+    token replaced by the oracle's runner-up there."""
+    request = random_request(random.Random(5), 2, 3, 6)
+    reference = make_decoder("reference", models["gemma3"], tokenizer, DecodeConfig(max_value_tokens=6))
+    (slow,) = reference.decode([request])
+    tokens = slow.extra["slot_tokens"]
+    slot = next(i for i, t in enumerate(tokens) if len(t) > 2)
+    assert not slots_part_at_a_tie(reference, request, tokens, tokens)
+    fed = [list(t[: min(1, len(t) - 1)]) for t in tokens]
+    with torch.inference_mode():
+        runner_up = int(reference.step_logits(reference.prepare([request])[0], fed)[slot].topk(2).indices[1])
+    changed = [list(t) for t in tokens]
+    changed[slot][1] = runner_up
+    with pytest.raises(AssertionError, match=f"slot {slot} token 1"):
+        slots_part_at_a_tie(reference, request, changed, tokens)
 
 
 def test_oracle_test_is_not_vacuous(models, tokenizer):
@@ -243,9 +264,12 @@ def test_span_decoding_equals_the_masked_oracle(models, tokenizer, arch, step_sh
     requests, k_max = case
     config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
     fast = make_decoder("hpd", models[arch], tokenizer, config).decode(requests)
-    slow = make_decoder("reference", models[arch], tokenizer, config).decode(requests)
-    assert slot_tokens(fast) == slot_tokens(slow)
-    for a, b in zip(fast, slow):
+    reference = make_decoder("reference", models[arch], tokenizer, config)
+    slow = reference.decode(requests)
+    for request, a, b in zip(requests, fast, slow):
+        if slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"]):
+            continue  # a float32 tie in the oracle's own logits: what follows is not comparable
+        assert a.extra["slot_tokens"] == b.extra["slot_tokens"]
         assert a.values == b.values and a.forward_passes == b.forward_passes
         for product, _, value in a.items():
             fields = [f for f in (product.title, product.description, *product.features) if f]
