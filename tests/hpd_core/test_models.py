@@ -12,7 +12,7 @@ from hpd_core.config import DecodeConfig, ModelConfig
 from hpd_core.decoders import load_decoder, make_decoder
 from hpd_core.models import DEFAULT_ADAPTER_DIR, SMOLLM2_ADAPTER_DIR, bare_model_name, check_paths, load_model, resolve_adapter
 
-from .conftest import random_request, tiny_model
+from .conftest import random_request, slots_part_at_a_tie, tiny_model
 
 
 @pytest.mark.parametrize(
@@ -198,10 +198,11 @@ def test_cuda_matches_cpu_oracle(tokenizer, attention):
     rng = random.Random(0)
     requests = [random_request(rng, rng.randint(1, 4), rng.randint(1, 4)) for _ in range(4)]
     config = DecodeConfig(max_value_tokens=8)
-    cpu = make_decoder("reference", tiny_model("llama", len(tokenizer), head_dim=16), tokenizer, config).decode(requests)
+    reference = make_decoder("reference", tiny_model("llama", len(tokenizer), head_dim=16), tokenizer, config)
     gpu_model = tiny_model("llama", len(tokenizer), attention=attention, head_dim=16).cuda()
     gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
-    assert [r.extra["slot_tokens"] for r in gpu] == [r.extra["slot_tokens"] for r in cpu]
+    for request, a, b in zip(requests, gpu, reference.decode(requests)):  # the same, or parting at a float32 tie
+        slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
 
 
 def test_auto_dtype_is_bf16_on_gpus_and_on_cpus_with_native_bf16_only():
