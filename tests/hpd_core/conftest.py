@@ -113,6 +113,11 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0, attention: str = "sdpa
 FLOAT_TIE = 1e-4  # logits this close are a tie: float32 rounding of another summation order may pick either
 
 
+def _assert_tie(logits, fast_token: int, slow_token: int, where: str) -> None:
+    gap = (logits[slow_token] - logits[fast_token]).item()
+    assert abs(gap) <= FLOAT_TIE, f"{where}: {fast_token} chosen against {slow_token}, logits {gap:.3g} apart"
+
+
 def parts_at_a_tie(model, prompt: list[int], fast: tuple[int, ...], slow: tuple[int, ...]) -> bool:
     """False when two greedy decodings of ``prompt`` are the same tokens. Otherwise they must part
     where the slow one's own logits (no cache, one sequence) hold a tie between the two choices,
@@ -124,8 +129,7 @@ def parts_at_a_tie(model, prompt: list[int], fast: tuple[int, ...], slow: tuple[
     assert step is not None, f"same tokens, different lengths: {len(fast)} against {len(slow)}"
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + list(slow[:step])])).logits[0, -1].float()
-    gap = (logits[slow[step]] - logits[fast[step]]).item()
-    assert abs(gap) <= FLOAT_TIE, f"token {step}: {fast[step]} chosen against {slow[step]}, logits {gap:.3g} apart"
+    _assert_tie(logits, fast[step], slow[step], f"token {step}")
     return True
 
 
@@ -146,8 +150,7 @@ def slots_part_at_a_tie(reference, request, fast: list[list[int]], slow: list[li
     fed = [list(s[: min(step, len(s) - 1)]) for s in slow]
     with torch.inference_mode():
         logits = reference.step_logits(layout, fed)[slot]
-    gap = (logits[slow[slot][step]] - logits[fast[slot][step]]).item()
-    assert abs(gap) <= FLOAT_TIE, f"slot {slot} token {step}: {fast[slot][step]} chosen against {slow[slot][step]}, logits {gap:.3g} apart"
+    _assert_tie(logits, fast[slot][step], slow[slot][step], f"slot {slot} token {step}")
     return True
 
 
