@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from hpd_core.batching import BatchedDecoder, session_rows
+from hpd_core.batching import BatchedDecoder, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
@@ -92,7 +92,8 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
-        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
+        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device),
+                                  prefill_tokens=prefill_tokens(config.prefill_tokens, self.device))
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
         self._texts: tuple[str, ...] | None = None  # token_texts, held here: len(tokenizer) is slow

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MIN_TOKEN_BUDGET = 65536  # a CPU's batch token budget, and the least a GPU's gets
+PREFILL_TOKENS_CPU = 1024  # a CPU prefill forward's most new tokens (DecodeConfig.prefill_tokens)
 GPU_MEMORY_SHARE = 0.5  # of the device memory free when a decoder is built, for its batches' keys and values
 CACHE_METADATA_BYTES = 17  # per cache entry and row: position and generation (int64) and presence (bool)
 
@@ -48,6 +49,14 @@ def token_budget(configured: int, model, device: torch.device, dtype: torch.dtyp
     if free_bytes is None:
         free_bytes = torch.cuda.mem_get_info(device)[0]
     return max(MIN_TOKEN_BUDGET, int(GPU_MEMORY_SHARE * free_bytes) // kv_bytes_per_token(model, dtype))
+
+
+def prefill_tokens(configured: int, device: torch.device) -> int:
+    """The most new tokens per prefill forward: ``configured`` if set (> 0); else
+    ``PREFILL_TOKENS_CPU`` on a CPU and no limit (0) on CUDA."""
+    if configured > 0:
+        return configured
+    return 0 if device.type == "cuda" else PREFILL_TOKENS_CPU
 
 
 class BatchedDecoder:

@@ -25,6 +25,11 @@ class DecodeConfig:
         values, at least 65536 (an H200 ran the long benchmark 1.2-1.4x faster at 262144 than at
         65536). It changes speed, not results.
     max_batch_size: at most this many prompts per batch, whatever the budget.
+    prefill_tokens: a session's prefill runs in forwards of at most this many new tokens (whole
+        prompts; a longer prompt is a forward of its own). 0 (the default) sizes it for the device
+        (batching.prefill_tokens): PREFILL_TOKENS_CPU on a CPU, where a forward over thousands of
+        tokens at once spends more on memory than on arithmetic (its element-wise steps run out of
+        cache), no limit on a GPU. It changes speed, not results.
     skeleton: where HPD's keys go: "interleaved" (each product's text is followed by its own keys;
         the shipped adapter's) or "after-products" (the skeleton follows all J products of the
         prompt). Use a model with the skeleton it was fine-tuned on. The baseline always writes the
@@ -49,6 +54,7 @@ class DecodeConfig:
     max_value_tokens: int = 30
     batch_token_budget: int = 0
     max_batch_size: int = 64
+    prefill_tokens: int = 0
     skeleton: str = "interleaved"
     temperature: float = 0.0
     top_p: float = 1.0
@@ -64,6 +70,8 @@ class DecodeConfig:
             raise ValueError(f"max_value_tokens must be an int in 1..1024, got {self.max_value_tokens!r}")
         if not isinstance(self.batch_token_budget, int) or self.batch_token_budget < 0:
             raise ValueError(f"batch_token_budget must be an int >= 0 (0: sized for the device), got {self.batch_token_budget!r}")
+        if not isinstance(self.prefill_tokens, int) or self.prefill_tokens < 0:
+            raise ValueError(f"prefill_tokens must be an int >= 0 (0: sized for the device), got {self.prefill_tokens!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.skeleton not in SKELETONS:

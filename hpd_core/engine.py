@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from hpd_core.batching import BatchedDecoder, session_rows
+from hpd_core.batching import BatchedDecoder, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import Layout, build_layout, require_token_boundary, shared_prefix_length
@@ -48,7 +48,8 @@ class HPDDecoder(BatchedDecoder):
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
         require_token_boundary(tokenizer, config.skeleton)
-        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device))
+        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device),
+                                  prefill_tokens=prefill_tokens(config.prefill_tokens, self.device))
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None

@@ -43,10 +43,18 @@ class Write:
 
 
 class RowCache:
+    """Keys and values are allocated uninitialised and zeroed lazily, up to the furthest entry any
+    forward has read or written so far (``ready``): an entry read through the mask must hold a
+    finite number even where it is masked out (0 x NaN is NaN), and a packed CPU session reads far
+    less than the capacity it is sized for (every slot's K_max tokens). On CUDA the whole cache is
+    zeroed at allocation (cheap there, and nothing is then zeroed inside a captured step)."""
+
     def __init__(self, rows: int, capacity: int, device):
         self.rows, self.capacity, self.scratch = rows, capacity, capacity - 1
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
+        self.lazy = torch.device(device).type != "cuda"
+        self.ready: dict[int, int] = {}  # per layer: entries [0, ready) of every row hold numbers
         self.pos = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         self.gen = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         self.present = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
@@ -74,16 +82,39 @@ class RowCache:
         """Write this forward's keys/values ((b, H_kv, Q, D): padded rows, or one packed row) at
         ``self.write``'s places; return the entries attention reads, (b, H_kv, end, D)."""
         w = self.write
-        if layer_idx not in self.keys:
-            shape = (self.rows, key.shape[1], self.capacity)
-            self.keys[layer_idx] = key.new_zeros(*shape, key.shape[3])
-            self.values[layer_idx] = value.new_zeros(*shape, value.shape[3])
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys, values = self.layer(layer_idx, key.shape[1], key.shape[3], value.shape[3], key)
+        self.zero_to(layer_idx, w.end)  # before the writes: entries beyond the old mark hold nothing yet
         keys[w.rows, :, w.index] = key.transpose(1, 2).reshape(-1, key.shape[1], key.shape[3])
         values[w.rows, :, w.index] = value.transpose(1, 2).reshape(-1, value.shape[1], value.shape[3])
         if w.read_rows is None:
             return keys[:, :, : w.end], values[:, :, : w.end]
         return keys[w.read_rows, :, : w.end], values[w.read_rows, :, : w.end]
+
+    def layer(self, layer: int, kv_heads: int, key_dim: int, value_dim: int, like: torch.Tensor):
+        """The layer's (keys, values), allocated at its first use."""
+        if layer not in self.keys:
+            new = self.uninitialised if self.lazy else torch.zeros
+            shape = (self.rows, kv_heads, self.capacity)
+            self.keys[layer] = new(*shape, key_dim, dtype=like.dtype, device=like.device)
+            self.values[layer] = new(*shape, value_dim, dtype=like.dtype, device=like.device)
+            self.ready[layer] = 0 if self.lazy else self.capacity
+        return self.keys[layer], self.values[layer]
+
+    @staticmethod
+    def uninitialised(*shape: int, dtype, device) -> torch.Tensor:
+        """Memory for keys or values that ``zero_to`` covers before anything reads it (a test fills
+        it with NaN)."""
+        return torch.empty(*shape, dtype=dtype, device=device)
+
+    def zero_to(self, layer: int, end: int) -> None:
+        """Entries [0, end) of every row of the layer hold numbers (zeros where never written).
+        Entries at or beyond the mark are written only by the forward that moves it (its writes
+        follow this call) or at ``scratch``, which is never present."""
+        ready = self.ready[layer]
+        if end > ready:
+            self.keys[layer][:, :, ready:end].zero_()
+            self.values[layer][:, :, ready:end].zero_()
+            self.ready[layer] = end
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The most entries present in a row."""
@@ -94,10 +125,8 @@ class RowCache:
         """Put a stored prefix's keys/values and metadata in entries [0, P) of ``row``."""
         n = prefix.length
         for layer, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
-            if layer not in self.keys:
-                shape = (self.rows, k.shape[0], self.capacity)
-                self.keys[layer] = k.new_zeros(*shape, k.shape[2])
-                self.values[layer] = v.new_zeros(*shape, v.shape[2])
+            self.layer(layer, k.shape[0], k.shape[2], v.shape[2], k)
+            self.zero_to(layer, n)
             self.keys[layer][row, :, :n] = k
             self.values[layer][row, :, :n] = v
         self.pos[row, :n] = torch.arange(n, device=self.pos.device)

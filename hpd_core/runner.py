@@ -43,7 +43,7 @@ VOCAB_CHUNK = 32768  # LM head rows per slice in greedy decoding (next_tokens)
 class ModelRunner:
     """The model split into body (transformer + final norm) and LM head, with explicit masks."""
 
-    def __init__(self, model, tokenizer, packed: bool = True):
+    def __init__(self, model, tokenizer, packed: bool = True, prefill_tokens: int = 0):
         self.model = model
         self.body = model.get_decoder()
         self.head = model.get_output_embeddings()
@@ -63,6 +63,7 @@ class ModelRunner:
         # causal forwards skip the mask (full layers) or read only each query block's band (sliding)
         self.causal_ok = self.engine_sdpa
         self.band_block = BAND_BLOCK
+        self.prefill_tokens = prefill_tokens  # most new tokens per prefill forward (0: no limit), see Session.prefill
         self.vocab_chunk = VOCAB_CHUNK
         self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
         self.tokens = {"prefix": 0, "prefill": 0, "step": 0}  # query tokens computed (packed) by kind

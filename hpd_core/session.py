@@ -97,6 +97,19 @@ class Session:
         self.start([row for row, _ in taken], [item for _, item in taken], hidden)
 
     def prefill(self, prompts: list[Prompt], rows: torch.Tensor) -> list[torch.Tensor]:
+        """The prompts' tokens after their prefixes, into ``rows``, in forwards of at most the
+        runner's ``prefill_tokens`` new tokens (whole prompts; 0: one forward); per prompt the
+        hidden states at its ``outputs`` (n_outputs, hidden)."""
+        limit, out, start, total = self.runner.prefill_tokens, [], 0, 0
+        for i, p in enumerate(prompts):
+            n = len(p.ids) - p.prefix
+            if limit and i > start and total + n > limit:
+                out += self.prefill_forward(prompts[start:i], rows[start:i])
+                start, total = i, 0
+            total += n
+        return out + self.prefill_forward(prompts[start:], rows[start:])
+
+    def prefill_forward(self, prompts: list[Prompt], rows: torch.Tensor) -> list[torch.Tensor]:
         """One forward over the prompts' tokens after their prefixes, into ``rows``; per prompt the
         hidden states at its ``outputs`` (n_outputs, hidden)."""
         dev = self.runner.device

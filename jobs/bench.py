@@ -94,6 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--batch-size", type=int, default=DecodeConfig.max_batch_size, help="most prompts per batch")
     d.add_argument("--batch-token-budget", type=int, default=DecodeConfig.batch_token_budget,
                    help="most cache entries (rows x row length) a batch may reach; 0: sized for the device (default)")
+    d.add_argument("--prefill-tokens", type=int, default=DecodeConfig.prefill_tokens,
+                   help="most new tokens per prefill forward; 0: sized for the device (default)")
     d.add_argument("--step-shape", choices=STEP_SHAPES, default=DecodeConfig.step_shape,
                    help="packed (only live tokens computed), fixed (same shapes every step), auto (fixed on CUDA)")
     d.add_argument("--prefix-cache", type=int, default=DecodeConfig.prefix_cache,
@@ -149,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)
     decode_cfg = DecodeConfig(
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
+        prefill_tokens=args.prefill_tokens,
         step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton, spans=args.spans,
         cuda_graphs=args.cuda_graphs,
     )  # fmt: skip

@@ -56,7 +56,7 @@ def _nested(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-SPEED_ONLY = ("batch_token_budget", "cuda_graphs")  # DecodeConfig fields left out of a run's identity
+SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs")  # DecodeConfig fields left out of a run's identity
 
 
 def run_id_for(arguments: dict) -> str:

@@ -307,3 +307,85 @@ def test_greedy_next_tokens_over_vocabulary_slices_equal_argmax(models, tokenize
     assert torch.equal(got, expected)
     ties = (logits == logits.max(-1, keepdim=True).values).sum(-1) > 1
     assert ties.any()  # there were ties to break
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral-swa"])
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_prefill_in_forwards_of_few_tokens_equals_one_forward(models, tokenizer, arch, decoder_name):
+    """A prefill split into forwards of at most ``prefill_tokens`` new tokens (whole prompts: here
+    one prompt per forward) gives the same logits and tokens as one forward over all its prompts,
+    with shared prefixes and refilled rows."""
+    rng = random.Random(8)
+    requests = category_requests(rng, 4)
+    base = dict(max_value_tokens=5, max_batch_size=3)
+    split = make_decoder(decoder_name, models[arch], tokenizer, DecodeConfig(**base, prefill_tokens=1))
+    whole = make_decoder(decoder_name, models[arch], tokenizer, DecodeConfig(**base, prefill_tokens=10**6))
+    assert (split.runner.prefill_tokens, whole.runner.prefill_tokens) == (1, 10**6)
+    if decoder_name == "hpd":
+        layouts = split.prepare(requests)
+        forced = [[[rng.randrange(3, 200) for _ in range(rng.randint(1, 5))] for _ in range(lay.num_slots)]
+                  for lay in layouts]  # fmt: skip
+        got, expected = split.decode_batch(requests, layouts, None, forced), whole.decode_batch(requests, layouts, None, forced)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a.extra["step_logits"], b.extra["step_logits"], atol=2e-5, rtol=0)
+    else:
+        got, expected = split.decode(requests), whole.decode(requests)
+    assert [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in got] == \
+           [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in expected]
+    assert [r.values for r in got] == [r.values for r in expected]
+    # one forward per prompt against one per admission (the first fills all 3 rows at once)
+    assert split.runner.counts["prefill"] == len(requests) > whole.runner.counts["prefill"]
+
+
+def test_prefill_tokens_default_is_sized_for_the_device():
+    from hpd_core.batching import PREFILL_TOKENS_CPU, prefill_tokens
+
+    assert prefill_tokens(0, torch.device("cpu")) == PREFILL_TOKENS_CPU
+    assert prefill_tokens(0, torch.device("cuda", 0)) == 0  # no limit
+    assert prefill_tokens(512, torch.device("cuda", 0)) == prefill_tokens(512, torch.device("cpu")) == 512
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        DecodeConfig(prefill_tokens=-1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+def test_cache_memory_is_zeroed_before_it_is_read(models, tokenizer, monkeypatch, arch, decoder_name, step_shape):
+    """The cache's keys and values are allocated uninitialised and zeroed only as far as forwards
+    reach: filled with NaN at allocation instead, the decoding is bit for bit the same (a NaN read
+    anywhere, even masked out, would spread), with shared prefixes and refilled rows; and a packed
+    session zeroes less than its capacity."""
+    from hpd_core.kvcache import RowCache
+
+    rng = random.Random(9)
+    requests = category_requests(rng, 4)
+    config = DecodeConfig(max_value_tokens=5, max_batch_size=3, step_shape=step_shape)
+
+    def run():
+        decoder = make_decoder(decoder_name, models[arch], tokenizer, config)
+        caches = []
+        new_cache = decoder.runner.new_cache
+        decoder.runner.new_cache = lambda rows, capacity: caches.append(new_cache(rows, capacity)) or caches[-1]
+        if decoder_name == "hpd":
+            layouts = decoder.prepare(requests)
+            results = decoder.decode_batch(requests, layouts, None, [[[7] * 3] * lay.num_slots for lay in layouts])
+            results = [(r.extra["slot_tokens"], r.extra["step_logits"]) for r in results]
+        else:
+            results = [(r.extra["tokens"], r.values) for r in decoder.decode(requests)]
+        return results, caches
+
+    clean, _ = run()
+    nan = lambda *shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
+    monkeypatch.setattr(RowCache, "uninitialised", staticmethod(nan))
+    dirty, caches = run()
+    for (tokens, other), (tokens2, other2) in zip(clean, dirty):
+        assert tokens == tokens2
+        if isinstance(other, torch.Tensor):
+            assert torch.equal(other, other2)
+        else:
+            assert other == other2
+    session = max(caches, key=lambda c: c.capacity)  # the session's cache (the others hold one prefix each)
+    assert session.lazy and session.ready
+    if step_shape == "packed":
+        assert max(session.ready.values()) < session.capacity
+        assert any(torch.isnan(k).any() for k in session.keys.values())  # memory never read stayed NaN
