@@ -34,6 +34,15 @@ def _budget(decode: dict) -> str:
     return f"auto ({decode['token_budget']})" if "token_budget" in decode else "auto"
 
 
+def _prefill(decode: dict) -> str:
+    """The prefill forward size as run ("" for reports from before it existed)."""
+    limit = decode.get("prefill_limit")
+    if limit is None:
+        return ""
+    how = "auto: " if not decode.get("prefill_tokens") else ""
+    return f"prefill forwards {how}{f'at most {limit} new tokens' if limit else 'unlimited'}, "
+
+
 def _fmt(fmt: str, value) -> str:
     return "n/a" if value is None else fmt.format(value)
 
@@ -79,6 +88,7 @@ def _header(report: dict, title: str) -> list[str]:
         + _adapters(model),
         f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {_budget(report['decode'])}, "
         f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
+        f"{_prefill(report['decode'])}"
         f"steps {report['decode'].get('step_shape', 'auto')}"
         f"{' (CUDA graphs)' if report['decode'].get('cuda_graphs') and str(model['device']).startswith('cuda') else ''}"
         ", shared prefixes "

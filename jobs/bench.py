@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             decoders = make_decoders(models, tokenizer, decode_cfg, model_info)
             report["decode"]["token_budget"] = decoders["hpd"].token_budget  # the budget that ran (0: resolved)
+            report["decode"]["prefill_limit"] = decoders["hpd"].runner.prefill_tokens  # likewise (0: no limit)
             summary = run_single(args, tokenizer, decoders, decode_cfg, counters, timing, report, out)
     print(json.dumps(summary))
     return 0

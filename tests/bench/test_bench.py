@@ -10,6 +10,7 @@ import torch
 from bench.decoders import decode, forced_hpd_class
 from bench.model import arch_config
 from bench.workload import SyntheticSpec, records_workload, stack, synthetic_workload
+from hpd_core.batching import PREFILL_TOKENS_CPU
 from hpd_core.config import DecodeConfig
 from hpd_core.decoders import make_decoder
 from hpd_core.layout import encode
@@ -197,6 +198,8 @@ def test_bench_records_end_to_end(capsys, tmp_path, tokenizer_dir, records):
     assert report["hpd"]["requests"] == 3  # Shoes x2, Shoes x1 ... within the limit: 00000, 00001 | 00098 | 00002
     assert 0.0 <= report["agreement"] <= 1.0
     assert not report["workload"]["fixed_lengths"]
+    assert report["decode"]["prefill_limit"] == PREFILL_TOKENS_CPU  # auto, resolved for the CPU
+    assert f"prefill forwards auto: at most {PREFILL_TOKENS_CPU} new tokens" in (out / "bench.md").read_text()
 
 
 def test_bench_records_with_spans(capsys, tmp_path, tokenizer_dir, records):
