@@ -35,6 +35,24 @@ def category_requests(rng: random.Random, n: int) -> list[Request]:
     return shared + [random_request(rng, rng.randint(1, 3), rng.randint(1, 3)) for _ in range(2)]
 
 
+def assert_same_decoding(fast, slow, requests: list[Request], rng: random.Random) -> None:
+    """Two decoders of one kind agree on ``requests``: HPD under teacher forcing (random tokens,
+    so every slot runs several steps) with its step logits within 2e-5, the baseline decoding
+    freely; the tokens and values the same."""
+    if fast.name == "hpd":
+        layouts = fast.prepare(requests)
+        forced = [[[rng.randrange(3, 200) for _ in range(rng.randint(1, 5))] for _ in range(lay.num_slots)]
+                  for lay in layouts]  # fmt: skip
+        got, expected = fast.decode_batch(requests, layouts, None, forced), slow.decode_batch(requests, layouts, None, forced)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a.extra["step_logits"], b.extra["step_logits"], atol=2e-5, rtol=0)
+    else:
+        got, expected = fast.decode(requests), slow.decode(requests)
+    assert [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in got] == \
+           [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in expected]
+    assert [r.values for r in got] == [r.values for r in expected]
+
+
 def alone(config: DecodeConfig) -> DecodeConfig:
     """One prompt at a time, no shared prefix: the plainest way the engine can decode."""
     return DecodeConfig(max_value_tokens=config.max_value_tokens, prefix_cache=0, max_batch_size=1,
@@ -181,18 +199,7 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
         fast.runner.band_block = band_block
     forward = fast.runner.body.forward
     fast.runner.body.forward = lambda *a, **k: seen.append("causal_width" in k) or bands.append(k.get("bands")) or forward(*a, **k)
-    if decoder_name == "hpd":
-        layouts = fast.prepare(requests)
-        forced = [[[rng.randrange(3, 200) for _ in range(rng.randint(1, 5))] for _ in range(lay.num_slots)]
-                  for lay in layouts]  # fmt: skip
-        got, expected = fast.decode_batch(requests, layouts, None, forced), slow.decode_batch(requests, layouts, None, forced)
-        for a, b in zip(got, expected):
-            torch.testing.assert_close(a.extra["step_logits"], b.extra["step_logits"], atol=2e-5, rtol=0)
-    else:
-        got, expected = fast.decode(requests), slow.decode(requests)
-    assert [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in got] == \
-           [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in expected]
-    assert [r.values for r in got] == [r.values for r in expected]
+    assert_same_decoding(fast, slow, requests, rng)
     assert any(seen) and not all(seen)  # prefix and prefill forwards causal, steps masked
     if band_block is not None:  # sliding layers: several blocks, some reading from past the first entry
         blocks = [block for plan in bands if plan for blocks in plan.values() for block in blocks]
@@ -321,18 +328,7 @@ def test_prefill_in_forwards_of_few_tokens_equals_one_forward(models, tokenizer,
     split = make_decoder(decoder_name, models[arch], tokenizer, DecodeConfig(**base, prefill_tokens=1))
     whole = make_decoder(decoder_name, models[arch], tokenizer, DecodeConfig(**base, prefill_tokens=10**6))
     assert (split.runner.prefill_tokens, whole.runner.prefill_tokens) == (1, 10**6)
-    if decoder_name == "hpd":
-        layouts = split.prepare(requests)
-        forced = [[[rng.randrange(3, 200) for _ in range(rng.randint(1, 5))] for _ in range(lay.num_slots)]
-                  for lay in layouts]  # fmt: skip
-        got, expected = split.decode_batch(requests, layouts, None, forced), whole.decode_batch(requests, layouts, None, forced)
-        for a, b in zip(got, expected):
-            torch.testing.assert_close(a.extra["step_logits"], b.extra["step_logits"], atol=2e-5, rtol=0)
-    else:
-        got, expected = split.decode(requests), whole.decode(requests)
-    assert [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in got] == \
-           [r.extra.get("slot_tokens", r.extra.get("tokens")) for r in expected]
-    assert [r.values for r in got] == [r.values for r in expected]
+    assert_same_decoding(split, whole, requests, rng)
     # one forward per prompt against one per admission (the first fills all 3 rows at once)
     assert split.runner.counts["prefill"] == len(requests) > whole.runner.counts["prefill"]
 
