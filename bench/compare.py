@@ -45,6 +45,7 @@ def summarize(name: str, runs: list) -> dict:
         "mean_batch_rows": counts["prefill_rows"] / max(counts["prefills"], 1),
         "tokens_fed": counts["tokens_fed"],
         "shared_prefix_prefills": counts.get("prefix_prefills", 0),
+        "cuda_graphs": f"{counts.get('graphs_captured', 0)} / {counts.get('graphs_failed', 0)}",
         "values": len(values),
         "null_values": sum(v.value is None for v in values),
         "truncated_values": sum(v.truncated for v in values),

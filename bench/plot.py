@@ -15,6 +15,7 @@ ROWS = (  # (label, key, format)
     ("requests (prompts)", "requests", "{}"),
     ("prefill forwards", "batches", "{}"),
     ("shared prefixes prefilled", "shared_prefix_prefills", "{}"),
+    ("CUDA graphs captured / failed", "cuda_graphs", "{}"),
     ("mean rows per prefill", "mean_batch_rows", "{:.1f}"),
     ("prompt tokens per product", "prompt_tokens_per_product", "{:.1f}"),
     ("generated tokens", "generated_tokens", "{}"),
@@ -90,7 +91,7 @@ def _header(report: dict, title: str) -> list[str]:
         f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
         f"{_prefill(report['decode'])}"
         f"steps {report['decode'].get('step_shape', 'auto')}"
-        f"{' (CUDA graphs)' if report['decode'].get('cuda_graphs') and str(model['device']).startswith('cuda') else ''}"
+        f"{' (CUDA graphs)' if _graphs(report['decode'], model) else ''}"
         ", shared prefixes "
         f"{'on' if report['decode'].get('prefix_cache', 1) else 'off'} (each timed run prefills its own); timing: {report['timing']['warmup_requests']} warm-up request(s), "
         f"{report['timing']['repeats']} repeat(s), median",
@@ -194,3 +195,9 @@ def plot_sweep(report: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _graphs(decode: dict, model: dict) -> bool:
+    """Whether the run's fixed steps replayed CUDA graphs (hpd_core.graphs.graphs_apply: CUDA, greedy, no spans)."""
+    return bool(decode.get("cuda_graphs") and str(model["device"]).startswith("cuda")
+                and not decode.get("temperature") and not decode.get("spans"))

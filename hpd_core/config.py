@@ -45,7 +45,8 @@ class DecodeConfig:
         keys and values a decoder keeps for reuse across batches; 0 turns prefix sharing off.
     cuda_graphs: fixed steps on CUDA are recorded once per batch as a CUDA graph and replayed
         (hpd_core/graphs.py): greedy decoding without spans; elsewhere the steps run as they are.
-        Off by default until a GPU run has measured it.
+        On by default: on an H200 (session 28) the baseline ran 2.7-3.3x faster with graphs and
+        HPD 1.1-1.4x, the same tokens (tests/hpd_core/test_graphs.py).
     spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
         leave the product's text is never chosen, and the LM head is computed for the allowed
         tokens only. HPD and its reference.
@@ -63,7 +64,7 @@ class DecodeConfig:
     check_every: int = 4
     prefix_cache: int = 32
     spans: bool = False
-    cuda_graphs: bool = False
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:

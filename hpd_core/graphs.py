@@ -19,13 +19,26 @@ trip per step), the baseline's teacher forcing and recorded logits (test tools).
 forcing (``hpd bench --synthetic``) reads a tensor and is recorded like free decoding. The eager
 step is the reference: tests/hpd_core/test_graphs.py checks, on CUDA, that both give the same
 tokens and pass counts.
+
+The capture runs with CUDA's thread-local error mode and Python's garbage collector paused, so that
+another thread (the parser, the tokenizer of the next batch) or a collection freeing CUDA memory
+cannot invalidate it. If it fails anyway (on an H200, session 28, one capture of about fifteen in
+the GPU tests failed with "operation failed due to a previous error during capture", before both
+guards), the failure is logged and counted (``ModelRunner.graphs``) and the session goes on with
+eager steps: the kernels of a failed capture never ran, so the step runs eagerly from the same
+state and gives the same tokens.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import gc
+import logging
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def graphs_apply(config, device, host_step: bool = False) -> bool:
@@ -34,30 +47,61 @@ def graphs_apply(config, device, host_step: bool = False) -> bool:
     return bool(config.cuda_graphs and str(device).startswith("cuda") and config.greedy and not host_step)
 
 
-class StepGraph:
-    """``step()`` eagerly ``warmup`` times, then captured once and replayed."""
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's garbage collector off (a collection could free CUDA memory mid-capture)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
-    def __init__(self, step: Callable[[], None], runner, warmup: int = 1):
-        self.step, self.runner, self.warmup = step, runner, warmup
+
+def cuda_capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """``step`` recorded as a CUDA graph (its kernels recorded, not run); raises on failure."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with _gc_paused(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        step()
+    return graph
+
+
+class StepGraph:
+    """``step()`` eagerly ``warmup`` times, then captured once and replayed; eagerly for good if the
+    capture fails. ``capture(step) -> graph`` records a graph (``cuda_capture``; tests pass others)."""
+
+    def __init__(self, step: Callable[[], None], runner, warmup: int = 1, capture: Callable = cuda_capture):
+        self.step, self.runner, self.warmup, self.capture = step, runner, warmup, capture
         self.runs = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph = None
+        self.failed = False
         self.captured_pass: tuple[str, int, int] | None = None
 
     def __call__(self) -> None:
+        if self.graph is None and not self.failed and self.runs >= self.warmup:
+            self.graph = self._capture()
         if self.graph is not None:
             self.graph.replay()
             if self.captured_pass is not None:
-                self.runner.passed(*self.captured_pass)
+                self.runner.passed(*self.captured_pass)  # the pass the replay repeats
             return
-        if self.runs < self.warmup:
-            self.step()
-            self.runs += 1
-            return
-        torch.cuda.synchronize()
-        before = self.runner.last_pass
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.step()  # recorded, not run; its pass is counted once here, as the replay below
-        self.captured_pass = self.runner.last_pass if self.runner.last_pass is not before else None
-        self.graph = graph
-        graph.replay()
+        self.step()
+        self.runs += 1
+
+    def _capture(self):
+        """The step's graph, or None (logged, counted) when the capture fails. The forward passes
+        the step makes while recorded are not counted: each replay counts the last of them."""
+        with self.runner.recording() as passes:
+            try:
+                graph = self.capture(self.step)
+            except RuntimeError as error:  # torch.AcceleratorError is one
+                self.failed = True
+                self.runner.graphs["failed"] += 1
+                log.warning("CUDA graph capture failed, this batch's steps run eagerly (same tokens, slower): %s",
+                            str(error).splitlines()[0] if str(error) else type(error).__name__)  # fmt: skip
+                return None
+        self.captured_pass = passes[-1] if passes else None
+        self.runner.graphs["captured"] += 1
+        return graph

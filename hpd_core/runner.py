@@ -27,7 +27,8 @@ through the LM head, and greedy decoding takes the maximum over slices of the vo
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from typing import Iterator
 
 import torch
 
@@ -68,7 +69,8 @@ class ModelRunner:
         self.counts = {"prefix": 0, "prefill": 0, "step": 0}  # forward passes by kind
         self.tokens = {"prefix": 0, "prefill": 0, "step": 0}  # query tokens computed (packed) by kind
         self.listeners: list = []  # called (kind, query tokens, rows taking part) for every forward pass
-        self.last_pass: tuple[str, int, int] | None = None
+        self._recorded: list | None = None  # passes made while a step is recorded as a CUDA graph
+        self.graphs = {"captured": 0, "failed": 0}  # CUDA graph captures of fixed steps (hpd_core/graphs.py)
 
     def new_cache(self, rows: int, capacity: int) -> RowCache:
         return RowCache(rows, capacity, self.device)
@@ -147,12 +149,25 @@ class ModelRunner:
 
     def passed(self, kind: str, tokens: int, rows: int) -> None:
         """Count one forward pass (and tell the listeners, e.g. `hpd bench`'s counters); a step
-        replayed from a CUDA graph (hpd_core/graphs.py) is counted here too, as the pass it repeats."""
+        replayed from a CUDA graph (hpd_core/graphs.py) is counted here too, as the pass it repeats.
+        While a step is being recorded (``recording``) its passes are noted, not counted."""
+        if self._recorded is not None:
+            self._recorded.append((kind, tokens, rows))
+            return
         self.counts[kind] += 1
         self.tokens[kind] += tokens
-        self.last_pass = (kind, tokens, rows)
         for listener in self.listeners:
             listener(kind, tokens, rows)
+
+    @contextmanager
+    def recording(self) -> Iterator[list]:
+        """Within: forward passes are noted in the list yielded, not counted (a step being recorded
+        as a CUDA graph runs nothing; its replays count)."""
+        self._recorded = passes = []
+        try:
+            yield passes
+        finally:
+            self._recorded = None
 
     def _bands(self, keys, group: torch.Tensor, index: torch.Tensor, b: int, end: int, window: int) -> list:
         """A causal forward's queries in blocks of ``band_block`` grid columns, for a layer with

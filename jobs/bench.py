@@ -102,8 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="shared prefixes kept per decoder (0: no prefix sharing)")
     d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
                    help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
-    d.add_argument("--cuda-graphs", action="store_true",
-                   help="both decoders replay their fixed-shape steps from CUDA graphs (CUDA, greedy, no spans; default: off)")
+    d.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
+                   help="both decoders replay their fixed-shape steps from CUDA graphs (CUDA, greedy, no spans; default: on)")
     d.add_argument("--spans", action="store_true",
                    help="both decoders decode values as spans of their product's text (records runs; default: off)")
     t = parser.add_argument_group("timing")

@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-token-budget", type=int, metavar="TOKENS",
                         help="most cache entries (rows x row length) one batch of an actor may reach; changes speed, not "
                         "results (default: 0, sized for the device: 65536 on a CPU, half the free memory on a GPU)")
-    parser.add_argument("--cuda-graphs", action="store_true",
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
                         help="on a GPU, record each batch's fixed-shape decode step once as a CUDA graph and replay it "
-                        "(greedy, without --spans); changes speed, not results (default: off)")
+                        "(greedy, without --spans); changes speed, not results (default: on; --no-cuda-graphs: eager steps)")
     parser.add_argument("--spans", action="store_true",
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only) (default: off)")
