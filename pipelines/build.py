@@ -41,8 +41,12 @@ class ResourceConfig:
     """How the job uses the cluster.
 
     io_cpus: CPUs each prepare/write task reserves (fractional, so they run beside the actors).
-    cpu_actor_cpus: CPUs per extract actor on a CPU-only cluster; capped at half the cluster so
-        that tasks always find room (a 2-core machine never deadlocks).
+    cpu_actor_threads: torch threads per extract actor on a CPU-only cluster: one actor (and one
+        model copy) per this many vCPUs. 1 by default: on a 2-vCPU Xeon two one-thread processes
+        ran HPD 1.44x faster together than one process with two threads (docs/benchmarks.md). The
+        actors together reserve half the cluster's CPUs in Ray's accounting, so that tasks always
+        find room (a 2-core machine never deadlocks); ``max_actors`` caps them (fewer copies of the
+        model in memory), and the threads then share all the vCPUs.
     gpu_actor_cpus: CPUs per extract actor beside its one GPU.
     max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
     index: the id index's tasks (ids held per task, CPUs per task).
@@ -66,7 +70,7 @@ class ResourceConfig:
     """
 
     io_cpus: float = 0.25
-    cpu_actor_cpus: float = 1.0
+    cpu_actor_threads: int = 1
     gpu_actor_cpus: float = 1.0
     max_actors: int | None = None
     index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
@@ -78,7 +82,9 @@ class ResourceConfig:
     actor_restarts: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("io_cpus", "cpu_actor_cpus", "gpu_actor_cpus"):
+        if not isinstance(self.cpu_actor_threads, int) or self.cpu_actor_threads < 1:
+            raise ValueError(f"cpu_actor_threads must be an int >= 1, got {self.cpu_actor_threads!r}")
+        for name in ("io_cpus", "gpu_actor_cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         optional = ("max_actors", "prepare_tasks", "write_tasks")  # None: sized from the cluster
@@ -108,17 +114,19 @@ class ActorSizing:
         return self.actors * (self.num_gpus if self.device == "gpu" else (self.threads or self.num_cpus))
 
 
-def size_actors(cluster: dict, config: ResourceConfig) -> ActorSizing:
-    """One actor per GPU; without GPUs, actors on CPU that leave half the CPUs to the tasks."""
+def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None) -> ActorSizing:
+    """One actor per GPU; without GPUs, one actor per ``cpu_actor_threads`` vCPUs but no more than
+    ``chunks`` (the chunks the job has to do, when known: an actor without a chunk would leave its
+    vCPUs idle, where fewer actors with more threads each use them all) nor ``max_actors``; their
+    reservations leave half the CPUs to the tasks."""
     gpus, cpus = int(cluster.get("GPU", 0)), float(cluster.get("CPU", 1))
     if gpus:
         return ActorSizing("gpu", 1, config.gpu_actor_cpus, min(gpus, config.max_actors or gpus))
-    num_cpus = min(config.cpu_actor_cpus, cpus / 2)
-    actors = max(1, int(cpus / 2 // num_cpus))
-    actors = min(actors, config.max_actors or actors)
-    # Ray would pin each actor to 1 thread (OMP_NUM_THREADS = its whole CPUs); the prepare and write
-    # tasks are light, so the actors share all the cores for their matmuls.
-    return ActorSizing("cpu", 0, num_cpus, actors, threads=max(1, int(cpus // actors)))
+    actors = max(1, int(cpus // config.cpu_actor_threads))
+    actors = min(actors, config.max_actors or actors, max(1, chunks) if chunks is not None else actors)
+    # Ray would pin each actor to as many threads as its whole reserved CPUs (a fraction: 1); the
+    # prepare and write tasks are light, so the actors' threads share all the cores for their matmuls.
+    return ActorSizing("cpu", 0, cpus / 2 / actors, actors, threads=max(1, int(cpus // actors)))
 
 
 def build_dataset(
@@ -307,12 +315,14 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         log.info("run %s is complete; nothing to do", output.run_id)
         return io.read_json(report_uri)
     index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
+    todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
     shards = [
         dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
-        for shard, shard_index in zip(planned, index)
-        if not state.complete(shard.shard_id)
+        for shard, shard_index in todo
     ]
-    sizing = size_actors(ray.cluster_resources(), resources)
+    # chunks to do, at least (a chunk also closes at chunk_bytes): no more CPU actors than that
+    chunks = sum(-(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows) or 1 for shard, idx in todo)
+    sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)
     bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
              len(shards), len(state.manifests), sizing.actors, sizing.device)

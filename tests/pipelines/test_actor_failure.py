@@ -14,9 +14,9 @@ def test_extract_actor_killed_mid_run_is_retried(ray_cluster, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl(records))
     output = str(tmp_path / "out")
-    # ~1 s of simulated decoding per chunk: the actor, not the writer, is the bottleneck, so after
+    # one actor; ~1 s of simulated decoding per chunk: the actor, not the writer, is the bottleneck, so after
     # two commits it is busy with a chunk and about ten are still to come
-    argv = extract_args(source, output, "--chunk-rows", 10, "--dry-run-seconds-per-prompt", 0.1)
+    argv = extract_args(source, output, "--chunk-rows", 10, "--dry-run-seconds-per-prompt", 0.1, "--max-actors", 1)
     outcome = {}
     job = threading.Thread(target=lambda: outcome.update(rc=run_extract(argv)))
     job.start()

@@ -24,10 +24,11 @@ def parse(*argv) -> argparse.Namespace:
     [
         ({"GPU": 8, "CPU": 192}, ResourceConfig(), ("gpu", 1, 1.0, 8)),
         ({"GPU": 8, "CPU": 192}, ResourceConfig(max_actors=2), ("gpu", 1, 1.0, 2)),
-        ({"CPU": 2}, ResourceConfig(), ("cpu", 0, 1.0, 1)),  # the other CPU stays free for tasks
+        ({"CPU": 2}, ResourceConfig(), ("cpu", 0, 0.5, 2)),  # one per vCPU; half the CPUs stay free for tasks
         ({"CPU": 1}, ResourceConfig(), ("cpu", 0, 0.5, 1)),
-        ({"CPU": 16}, ResourceConfig(), ("cpu", 0, 1.0, 8)),
-        ({"CPU": 16}, ResourceConfig(cpu_actor_cpus=4), ("cpu", 0, 4, 2)),
+        ({"CPU": 16}, ResourceConfig(), ("cpu", 0, 0.5, 16)),
+        ({"CPU": 16}, ResourceConfig(cpu_actor_threads=4), ("cpu", 0, 2.0, 4)),
+        ({"CPU": 16}, ResourceConfig(max_actors=2), ("cpu", 0, 4.0, 2)),
     ],
 )
 def test_actor_sizing(cluster, config, expected):
@@ -37,10 +38,23 @@ def test_actor_sizing(cluster, config, expected):
 
 
 def test_cpu_actors_share_all_cores_for_torch_threads():
-    assert size_actors({"CPU": 2}, ResourceConfig()).threads == 2  # Ray alone would give 1
-    assert size_actors({"CPU": 16}, ResourceConfig()).threads == 2  # 8 actors
+    assert size_actors({"CPU": 2}, ResourceConfig()).threads == 1  # 2 actors, one thread each
+    assert size_actors({"CPU": 2}, ResourceConfig(cpu_actor_threads=2)).threads == 2  # 1 actor
+    assert size_actors({"CPU": 16}, ResourceConfig(cpu_actor_threads=2)).threads == 2  # 8 actors
     assert size_actors({"CPU": 16}, ResourceConfig(max_actors=2)).threads == 8
     assert size_actors({"CPU": 1}, ResourceConfig()).threads == 1
+    with pytest.raises(ValueError, match="cpu_actor_threads"):
+        ResourceConfig(cpu_actor_threads=0)
+
+
+def test_no_more_cpu_actors_than_chunks_to_do():
+    """A job of one chunk gets one CPU actor with every thread, not one busy actor and idle ones."""
+    one = size_actors({"CPU": 2}, ResourceConfig(), chunks=1)
+    assert (one.actors, one.threads, one.num_cpus) == (1, 2, 1.0)
+    assert size_actors({"CPU": 16}, ResourceConfig(), chunks=3).actors == 3
+    assert size_actors({"CPU": 16}, ResourceConfig(), chunks=3).threads == 5
+    assert size_actors({"CPU": 2}, ResourceConfig(), chunks=10).actors == 2
+    assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig(), chunks=1).actors == 8  # GPUs: one actor each
     assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig()).threads is None  # torch's default
 
 
