@@ -106,6 +106,9 @@ def _summary(report: dict, output: str) -> str:
         f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
         f"report:           {output}/_report.md and {output}/_report.json",
     ]
+    if report.get("cuda_graph_failures"):
+        lines.append(f"warning: {report['cuda_graph_failures']} CUDA graph capture(s) failed; those batches ran "
+                     "eagerly (the same values, slower); the actors' logs (--verbose) say why")
     return "\n".join(lines)
 
 

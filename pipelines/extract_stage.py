@@ -277,6 +277,11 @@ class ExtractStage:
         tell(0, now=True)  # the chunk's last products
         return outcomes  # type: ignore[return-value]
 
+    def _graph_failures(self) -> int:
+        """CUDA graph captures that failed so far in this actor (hpd_core/graphs.py; 0 without a model)."""
+        runner = getattr(self._decoder, "runner", None)
+        return runner.graphs["failed"] if runner is not None else 0
+
     def _chunk(self, chunk: dict) -> dict:
         rows = io.table_from_bytes(chunk["payload"]).to_pylist()
         stats = Counter(dict.fromkeys(COUNTERS, 0))
@@ -290,7 +295,9 @@ class ExtractStage:
             [row["stack"] for row in rows], [row["category"] for row in rows], products, self.config.schema
         )
         started = time.perf_counter()
+        graphs = self._graph_failures()
         outcomes = self._decode_chunk(chunk["chunk"], [request for request, _ in requests]) if requests else []
+        stats.update(cuda_graph_failures=self._graph_failures() - graphs)
         decode_seconds = time.perf_counter() - started
 
         attributes, failed, written = [], {}, []

@@ -28,6 +28,7 @@ COUNTERS = (
     "prompt_tokens",
     "generated_tokens",
     "forward_passes",  # summed over prompts: model calls each prompt took part in
+    "cuda_graph_failures",  # CUDA graph captures that failed: those batches ran eagerly (same values, slower)
 )
 
 
@@ -187,6 +188,9 @@ def render_markdown(report: dict) -> str:
         f"{report['this_run']['devices']} {'GPU' if report['this_run']['device'] == 'gpu' else 'vCPU'}.",
         "",
     ]
+    if report.get("cuda_graph_failures"):
+        lines += [f"CUDA graph captures failed: {report['cuda_graph_failures']} (those batches ran their steps eagerly: "
+                  "the same values, slower; the actors' logs say why).", ""]
     return "\n".join(lines)
 
 

@@ -152,6 +152,8 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     assert "rejected rows:    none" in extract._summary(base, "out")
     some = dict(base, products_out=2, rows_rejected=1, rejected_by_stage={"validate": 1})
     assert "1 rejected (validate 1)" in extract._summary(some, "out") and "out/rejected/" in extract._summary(some, "out")
+    assert "CUDA graph" not in extract._summary(base, "out")
+    assert "warning: 2 CUDA graph capture(s) failed" in extract._summary(dict(base, cuda_graph_failures=2), "out")
 
 
 # ------------------------------------------------------------------ runs (the session's Ray)

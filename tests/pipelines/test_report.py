@@ -78,3 +78,14 @@ def test_attempt_records_round_trip(tmp_path):
     second = attempts.begin(output, "gpu", 1, 3.77, started_at=100.0)
     loaded = attempts.load_all(output)
     assert [a.name for a in loaded] == [first.name, second.name] and loaded[0].wall_seconds == 60.0
+
+
+def test_failed_cuda_graph_captures_are_summed_and_reported_only_when_there_are_some():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "gpu", 1, 3.77)
+    clean, failing = stats(2), stats(2)
+    failing.add({"rows_in": 1, "products_out": 1, "cuda_graph_failures": 2})
+    failing.add({"rows_in": 1, "products_out": 1, "cuda_graph_failures": 1})
+    report = build_report(META, failing, failing, [attempt], attempt)
+    assert report["cuda_graph_failures"] == 3 and "CUDA graph captures failed: 3" in render_markdown(report)
+    report = build_report(META, clean, clean, [attempt], attempt)
+    assert report["cuda_graph_failures"] == 0 and "CUDA graph" not in render_markdown(report)
