@@ -47,6 +47,9 @@ class ResourceConfig:
         actors together reserve half the cluster's CPUs in Ray's accounting, so that tasks always
         find room (a 2-core machine never deadlocks); ``max_actors`` caps them (fewer copies of the
         model in memory), and the threads then share all the vCPUs.
+    cpu_actor_memory_gib: memory one CPU extract actor may take (its model, caches and batches: the
+        default model's `hpd bench`, holding two models, peaked at 3.4 GiB); no more CPU actors
+        than the cluster's Ray memory holds at this much each.
     gpu_actor_cpus: CPUs per extract actor beside its one GPU.
     max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
     index: the id index's tasks (ids held per task, CPUs per task).
@@ -71,6 +74,7 @@ class ResourceConfig:
 
     io_cpus: float = 0.25
     cpu_actor_threads: int = 1
+    cpu_actor_memory_gib: float = 3.0
     gpu_actor_cpus: float = 1.0
     max_actors: int | None = None
     index: idindex.IndexConfig = field(default_factory=idindex.IndexConfig)
@@ -84,7 +88,7 @@ class ResourceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.cpu_actor_threads, int) or self.cpu_actor_threads < 1:
             raise ValueError(f"cpu_actor_threads must be an int >= 1, got {self.cpu_actor_threads!r}")
-        for name in ("io_cpus", "gpu_actor_cpus"):
+        for name in ("io_cpus", "gpu_actor_cpus", "cpu_actor_memory_gib"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         optional = ("max_actors", "prepare_tasks", "write_tasks")  # None: sized from the cluster
@@ -117,13 +121,16 @@ class ActorSizing:
 def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None) -> ActorSizing:
     """One actor per GPU; without GPUs, one actor per ``cpu_actor_threads`` vCPUs but no more than
     ``chunks`` (the chunks the job has to do, when known: an actor without a chunk would leave its
-    vCPUs idle, where fewer actors with more threads each use them all) nor ``max_actors``; their
-    reservations leave half the CPUs to the tasks."""
+    vCPUs idle, where fewer actors with more threads each use them all), than the cluster's memory
+    holds at ``cpu_actor_memory_gib`` each, nor ``max_actors``; their reservations leave half the
+    CPUs to the tasks."""
     gpus, cpus = int(cluster.get("GPU", 0)), float(cluster.get("CPU", 1))
     if gpus:
         return ActorSizing("gpu", 1, config.gpu_actor_cpus, min(gpus, config.max_actors or gpus))
     actors = max(1, int(cpus // config.cpu_actor_threads))
     actors = min(actors, config.max_actors or actors, max(1, chunks) if chunks is not None else actors)
+    if "memory" in cluster:  # Ray's memory for tasks and actors, in bytes
+        actors = min(actors, max(1, int(cluster["memory"] // (config.cpu_actor_memory_gib * 2**30))))
     # Ray would pin each actor to as many threads as its whole reserved CPUs (a fraction: 1); the
     # prepare and write tasks are light, so the actors' threads share all the cores for their matmuls.
     return ActorSizing("cpu", 0, cpus / 2 / actors, actors, threads=max(1, int(cpus // actors)))

@@ -55,6 +55,17 @@ def test_no_more_cpu_actors_than_chunks_to_do():
     assert size_actors({"CPU": 16}, ResourceConfig(), chunks=3).threads == 5
     assert size_actors({"CPU": 2}, ResourceConfig(), chunks=10).actors == 2
     assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig(), chunks=1).actors == 8  # GPUs: one actor each
+
+
+def test_no_more_cpu_actors_than_the_memory_holds():
+    gib = 2**30
+    small = size_actors({"CPU": 16, "memory": 8 * gib}, ResourceConfig())  # 3 GiB each: 2 actors
+    assert (small.actors, small.threads) == (2, 8)
+    assert size_actors({"CPU": 2, "memory": 15 * gib}, ResourceConfig()).actors == 2
+    assert size_actors({"CPU": 4, "memory": 1 * gib}, ResourceConfig()).actors == 1  # always one
+    assert size_actors({"CPU": 16, "memory": 8 * gib}, ResourceConfig(cpu_actor_memory_gib=1)).actors == 8
+    with pytest.raises(ValueError, match="cpu_actor_memory_gib"):
+        ResourceConfig(cpu_actor_memory_gib=0)
     assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig()).threads is None  # torch's default
 
 
