@@ -123,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [
         ("long (gpu-h200-qwen3-8b-long-budget)", 677.1, 64, 749.9, 330.9, 408, 4, 659.6, 16, 30, 4.203, 18.201),
         ("titles (gpu-h200-qwen3-8b-titles)", 667.9, 64, 230.9, 85.4, 104, 6, 121.0, 8, 10, 19.600, 83.552),
+        # session 28, CUDA graphs; at 512 products the long baseline ran in waves (10 prefills), so its
+        # steps are the longest answer estimated (mean 331.9 + 3 standard deviations of a sum of 16
+        # values uniform in 1..30: 436), where the 64-product runs measured it
+        ("long, graphs (gpu-h200-s28-qwen3-8b-long-graphs)", 655.3, 64, 749.9, 330.9, 408, 4, 659.6, 16, 30, 7.672, 19.609),
+        ("titles, graphs (gpu-h200-s28-qwen3-8b-titles-graphs)", 664.2, 64, 230.9, 85.4, 104, 6, 121.0, 8, 10, 35.613, 81.452),
+        ("long, 512 products (gpu-h200-s28-qwen3-8b-long-512)", 663.6, 512, 749.9, 331.9, 436, 4, 659.7, 16, 30, 12.764, 14.647),
+        ("titles, 512 products (gpu-h200-s28-qwen3-8b-titles-512)", 660.8, 512, 230.9, 85.3, 108, 6, 120.1, 8, 10, 83.707, 111.483),
     ]
     print("| workload | baseline bound (products/s) | HPD bound | bound on the speedup | measured: baseline, HPD "
           "(share of their bound) | measured speedup |")
