@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
@@ -160,7 +161,26 @@ def build_dataset(
         compute=ray.data.TaskPoolStrategy(size=resources.prepare_tasks or sizing.actors),
         max_calls=1,
     )
-    ds = ds.map_batches(
+    with warnings.catch_warnings():
+        # max_restarts has no named parameter in Ray 2.60 (its ray_remote_args are deprecated, to go
+        # in 2.64: pyproject pins ray < 2.64); the warning is nothing a user of the job can act on
+        warnings.filterwarnings("ignore", message=".*ray_remote_args. is deprecated")
+        ds = _extract_stage(ds, extract, sizing, resources, counter)
+    return ds.map_batches(
+        commit.write_chunk,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"output": output},
+        num_cpus=resources.io_cpus,
+        compute=ray.data.TaskPoolStrategy(size=resources.write_tasks or sizing.actors),
+        max_calls=resources.writes_per_worker,
+    )
+
+
+def _extract_stage(ds: ray.data.Dataset, extract: ExtractConfig, sizing: ActorSizing, resources: ResourceConfig,
+                   counter) -> ray.data.Dataset:  # fmt: skip
+    """The extract actor pool over the prepared chunks."""
+    return ds.map_batches(
         ExtractStage,
         batch_size=1,
         batch_format="pyarrow",
@@ -171,15 +191,6 @@ def build_dataset(
         num_cpus=sizing.num_cpus,
         num_gpus=sizing.num_gpus,
         max_restarts=resources.actor_restarts,
-    )
-    return ds.map_batches(
-        commit.write_chunk,
-        batch_size=1,
-        batch_format="pyarrow",
-        fn_kwargs={"output": output},
-        num_cpus=resources.io_cpus,
-        compute=ray.data.TaskPoolStrategy(size=resources.write_tasks or sizing.actors),
-        max_calls=resources.writes_per_worker,
     )
 
 
