@@ -91,7 +91,7 @@ def _header(report: dict, title: str) -> list[str]:
         f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
         f"{_prefill(report['decode'])}"
         f"steps {report['decode'].get('step_shape', 'auto')}"
-        f"{' (CUDA graphs)' if _graphs(report['decode'], model) else ''}"
+        f"{_graphs(report)}"
         ", shared prefixes "
         f"{'on' if report['decode'].get('prefix_cache', 1) else 'off'} (each timed run prefills its own); timing: {report['timing']['warmup_requests']} warm-up request(s), "
         f"{report['timing']['repeats']} repeat(s), median",
@@ -197,7 +197,15 @@ def plot_sweep(report: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
-def _graphs(decode: dict, model: dict) -> bool:
-    """Whether the run's fixed steps replayed CUDA graphs (hpd_core.graphs.graphs_apply: CUDA, greedy, no spans)."""
-    return bool(decode.get("cuda_graphs") and str(model["device"]).startswith("cuda")
-                and not decode.get("temperature") and not decode.get("spans"))
+def _graphs(report: dict) -> str:
+    """The decoding line's " (CUDA graphs: N captured, M failed)", summed over the report's decoder results (single run:
+    "ar" and "hpd"; sweep: every baseline batch size and grid cell), "" where none was recorded
+    (a CPU, graphs off, sampling, --spans, or a report from before the counts existed)."""
+    results = [report.get("ar"), report.get("hpd"), *(report.get("baseline") or {}).values()]
+    results += [g.get("hpd") for g in report.get("grid", [])]
+    captured = failed = 0
+    for result in results:
+        if isinstance(result, dict) and isinstance(result.get("cuda_graphs"), str):
+            done, _, lost = result["cuda_graphs"].partition(" / ")
+            captured, failed = captured + int(done), failed + int(lost or 0)
+    return f" (CUDA graphs: {captured} captured, {failed} failed)" if captured or failed else ""

@@ -147,6 +147,18 @@ def test_forced_lengths_are_exact_for_both_decoders(tokenizer):
     assert [r.generated_tokens for r in ar_results] == list(workload.exact_new_tokens)
 
 
+def test_report_names_cuda_graphs_from_the_recorded_captures():
+    """bench.md's decoding line says CUDA graphs only where captures were recorded, with their
+    counts summed over the decoders (a sweep: every baseline batch size and grid cell)."""
+    from bench.plot import _graphs
+
+    assert _graphs({"ar": {"cuda_graphs": "0 / 0"}, "hpd": {"cuda_graphs": "0 / 0"}}) == ""
+    assert _graphs({"ar": {}, "hpd": {}}) == ""  # a report from before the counts
+    assert _graphs({"ar": {"cuda_graphs": "3 / 1"}, "hpd": {"cuda_graphs": "2 / 0"}}) == " (CUDA graphs: 5 captured, 1 failed)"
+    sweep = {"baseline": {"8": {"cuda_graphs": "1 / 0"}}, "grid": [{"hpd": {"cuda_graphs": "2 / 0"}}, {"hpd": {"cuda_graphs": "0 / 2"}}]}
+    assert _graphs(sweep) == " (CUDA graphs: 3 captured, 2 failed)"
+
+
 # --- the command ------------------------------------------------------------------------------
 
 
