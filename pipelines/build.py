@@ -158,7 +158,8 @@ def build_dataset(
         batch_format="pyarrow",
         fn_kwargs={"config": prepare},
         num_cpus=resources.io_cpus,
-        compute=ray.data.TaskPoolStrategy(size=resources.prepare_tasks or sizing.actors),
+        # no more tasks than shards (Ray Data warns of a pool larger than its inputs)
+        compute=ray.data.TaskPoolStrategy(size=max(1, min(resources.prepare_tasks or sizing.actors, len(shards)))),
         max_calls=1,
     )
     with warnings.catch_warnings():

@@ -213,10 +213,13 @@ def test_prompts_the_decoder_fails_on_become_rejected_rows_with_the_reason(ray_c
 
 
 def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):
-    assert run_extract(extract_args(SAMPLE, tmp_path / "quiet", "--limit", 4)) == 0
+    # two chunks of one input file: two actors, one shard to prepare
+    assert run_extract(extract_args(SAMPLE, tmp_path / "quiet", "--limit", 4, "--chunk-rows", 2)) == 0
     quiet = capfd.readouterr().err
-    # Ray Data's deprecation of the actors' max_restarts argument is nothing a user can act on
+    # Ray Data's deprecation of the actors' max_restarts argument is nothing a user can act on, nor
+    # its warning that a task pool is larger than the shards it gets
     assert not [w for w in recwarn if "ray_remote_args" in str(w.message)]
+    assert not [w for w in recwarn if "maximum number of concurrent tasks" in str(w.message)]
     assert run_extract(extract_args(SAMPLE, tmp_path / "loud", "--limit", 4, "--verbose")) == 0
     loud = capfd.readouterr().err
     assert "Execution plan" not in quiet and "extract: 4/4 products (100%)" in quiet
