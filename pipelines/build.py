@@ -121,15 +121,15 @@ class ActorSizing:
 
 def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None) -> ActorSizing:
     """One actor per GPU; without GPUs, one actor per ``cpu_actor_threads`` vCPUs but no more than
-    ``chunks`` (the chunks the job has to do, when known: an actor without a chunk would leave its
-    vCPUs idle, where fewer actors with more threads each use them all), than the cluster's memory
-    holds at ``cpu_actor_memory_gib`` each, nor ``max_actors``; their reservations leave half the
-    CPUs to the tasks."""
+    the cluster's memory holds at ``cpu_actor_memory_gib`` each; their reservations leave half the
+    CPUs to the tasks. Either way no more than ``max_actors`` nor ``chunks`` (the chunks the job has
+    to do, when known): an actor without a chunk would load the model for nothing and hold its GPU,
+    or leave its vCPUs idle where fewer actors with more threads each use them all."""
     gpus, cpus = int(cluster.get("GPU", 0)), float(cluster.get("CPU", 1))
+    limits = ([config.max_actors] if config.max_actors else []) + ([max(1, chunks)] if chunks is not None else [])
     if gpus:
-        return ActorSizing("gpu", 1, config.gpu_actor_cpus, min(gpus, config.max_actors or gpus))
-    actors = max(1, int(cpus // config.cpu_actor_threads))
-    actors = min(actors, config.max_actors or actors, max(1, chunks) if chunks is not None else actors)
+        return ActorSizing("gpu", 1, config.gpu_actor_cpus, min([gpus, *limits]))
+    actors = min([max(1, int(cpus // config.cpu_actor_threads)), *limits])
     if "memory" in cluster:  # Ray's memory for tasks and actors, in bytes
         actors = min(actors, max(1, int(cluster["memory"] // (config.cpu_actor_memory_gib * 2**30))))
     # Ray would pin each actor to as many threads as its whole reserved CPUs (a fraction: 1); the
@@ -339,7 +339,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
         for shard, shard_index in todo
     ]
-    # chunks to do, at least (a chunk also closes at chunk_bytes): no more CPU actors than that
+    # chunks to do, at least (a chunk also closes at chunk_bytes): no more actors than that
     chunks = sum(-(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows) or 1 for shard, idx in todo)
     sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)
     bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))

@@ -47,14 +47,17 @@ def test_cpu_actors_share_all_cores_for_torch_threads():
         ResourceConfig(cpu_actor_threads=0)
 
 
-def test_no_more_cpu_actors_than_chunks_to_do():
-    """A job of one chunk gets one CPU actor with every thread, not one busy actor and idle ones."""
+def test_no_more_actors_than_chunks_to_do():
+    """A job of one chunk gets one CPU actor with every thread, not one busy actor and idle ones;
+    on GPUs, one actor (one model load, one GPU held) per chunk at most."""
     one = size_actors({"CPU": 2}, ResourceConfig(), chunks=1)
     assert (one.actors, one.threads, one.num_cpus) == (1, 2, 1.0)
     assert size_actors({"CPU": 16}, ResourceConfig(), chunks=3).actors == 3
     assert size_actors({"CPU": 16}, ResourceConfig(), chunks=3).threads == 5
     assert size_actors({"CPU": 2}, ResourceConfig(), chunks=10).actors == 2
-    assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig(), chunks=1).actors == 8  # GPUs: one actor each
+    assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig(), chunks=1).actors == 1
+    assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig(), chunks=20).actors == 8  # one per GPU
+    assert size_actors({"GPU": 8, "CPU": 192}, ResourceConfig(max_actors=2), chunks=5).actors == 2
 
 
 def test_no_more_cpu_actors_than_the_memory_holds():
