@@ -198,9 +198,9 @@ def plot_sweep(report: dict, path: str | Path) -> None:
 
 
 def _graphs(report: dict) -> str:
-    """The decoding line's " (CUDA graphs: N captured, M failed)", summed over the report's decoder results (single run:
-    "ar" and "hpd"; sweep: every baseline batch size and grid cell), "" where none was recorded
-    (a CPU, graphs off, sampling, --spans, or a report from before the counts existed)."""
+    """The decoding line's " (CUDA graphs: N captured, M failed)", summed over the report's decoder
+    results (single run: "ar" and "hpd"; sweep: every baseline batch size and grid cell), or ""
+    where none was recorded (a CPU, graphs off, sampling, --spans, a report from before the counts)."""
     results = [report.get("ar"), report.get("hpd"), *(report.get("baseline") or {}).values()]
     results += [g.get("hpd") for g in report.get("grid", [])]
     captured = failed = 0
