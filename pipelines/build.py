@@ -52,10 +52,12 @@ class ResourceConfig:
         default model's `hpd bench`, holding two models, peaked at 3.4 GiB); no more CPU actors
         than the cluster's Ray memory holds at this much each.
     gpu_actor_cpus: CPUs per extract actor beside its one GPU.
-    max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow).
+    max_actors: cap on the extract actor pool (default: one per GPU, or what the CPUs allow; never
+        more than the job's chunks, see ``size_actors``).
     index: the id index's tasks (ids held per task, CPUs per task).
-    prepare_tasks: prepare tasks at a time (default: one per extract actor, which keeps each fed);
-        a cap, so that memory does not grow with the number of shards.
+    prepare_tasks: prepare tasks at a time (default: one per extract actor, which keeps each fed,
+        and never more than the job's shards); a cap, so that memory does not grow with the number
+        of shards.
     write_tasks: write tasks at a time (default: one per extract actor; a chunk's write takes a
         small part of its extraction). Each task runs in its own worker process, so the cap bounds
         the processes (and their memory) the writes hold.
