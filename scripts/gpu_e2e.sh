@@ -18,7 +18,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 OUT=${OUT:-gpu-out}
 PY=${PYTHON:-python3}
-STAGE=${STAGE:-.gpu-e2e-staged}  # ignored, so a warm machine keeps it between calls
+STAGE=${STAGE:-/tmp/hpd-e2e-staged}  # outside the tree: the device tool replaces the tree's untracked files each
+                                     # call (session 30: a staged folder in the tree, ignored only through
+                                     # .git/info/exclude, was emptied), while a warm machine keeps /tmp
 PART_MB=${PART_MB:-55}
 MODEL=${MODEL:-default}
 LIMIT=${LIMIT:-}  # --limit for the three jobs (default: all 40 sample products)
@@ -38,7 +40,7 @@ wheels() {  # the payload's wheels for the device's Python 3.12, into $1
 }
 
 prepare() {
-  for ignored in "/$DIR/" "/$STAGE/"; do grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude; done
+  for ignored in "/$DIR/"; do grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude; done
   rm -rf "$DIR" && mkdir -p "$DIR/payload/wheels" || return
   wheels "$DIR/payload/wheels" || { echo "could not download the wheels"; return 1; }
   if [[ $MODEL == default ]]; then
