@@ -9,9 +9,11 @@
 #   bash scripts/gpu_e2e.sh stage NN    # there, one call per part: keeps part NN in $STAGE
 #   bash scripts/gpu_e2e.sh run         # there: joins and installs the payload, then three jobs on the
 #                                       # sample (float32 hpd and reference, compared value for value;
-#                                       # then hpd at --dtype auto for the report's products/s and $ per 1k)
-# Writes under $OUT (./gpu-out elsewhere): e2e.txt (what ran, the comparison) and the auto run's
-# _report.md and _report.json. Checked on a CPU: `bash scripts/gpu_e2e.sh selftest` (prepare, stage
+#                                       # then hpd at --dtype auto for the report's products/s and $ per 1k),
+#                                       # and one on the OA-Mine test set if the payload has it (DATA below):
+#                                       # hpd at --dtype auto, J = 6 (the quality table's default row), scored
+# Writes under $OUT (./gpu-out elsewhere): e2e.txt (what ran, the comparison, the score), each job's
+# NAME.json (its _report.json), and the auto run's and the test set run's NAME.md (_report.md). Checked on a CPU: `bash scripts/gpu_e2e.sh selftest` (prepare, stage
 # every part and join them again) and `INSTALLED=1 LIMIT=4 PYTHON=.venv/bin/python bash
 # scripts/gpu_e2e.sh run` (the three jobs and the comparison, with the project's own environment).
 set -uo pipefail
@@ -26,6 +28,8 @@ MODEL=${MODEL:-default}
 LIMIT=${LIMIT:-}  # --limit for the three jobs (default: all 40 sample products)
 INSTALLED=${INSTALLED:-0}  # 1: Ray and the model are installed already (a check of the jobs on a CPU machine)
 ADAPTER=${ADAPTER:-hpd_core/adapters/gemma3-270m-oa-mine-hpd}  # the default model's (set aside for the benches' calls)
+DATA=${DATA:-work/oa-mine-test}  # `hpd convert extractgpt ../shared/data/oa-mine/test.jsonl --out work/oa-mine-test`;
+                                 # sent with the payload when it is there (OA-Mine may be shipped; 200 KB)
 DIR=.gpu-e2e
 what=${1:-}
 
@@ -47,6 +51,11 @@ prepare() {
     [[ -d ${ADAPTER:-none} ]] || [[ -d /tmp/hpd-aside/core-adapters/${ADAPTER##*/} ]] || { echo "no adapter $ADAPTER"; return 1; }
     local src=$ADAPTER; [[ -d $src ]] || src=/tmp/hpd-aside/core-adapters/${ADAPTER##*/}
     tar -cf "$DIR/payload/adapter.tar" -C "$(dirname "$src")" "$(basename "$src")" || return
+  fi
+  if [[ -f $DATA/records.jsonl && -f $DATA/gold.jsonl && -f $DATA/attributes.json ]]; then
+    tar -cf "$DIR/payload/data.tar" -C "$DATA" records.jsonl gold.jsonl attributes.json || return
+  else
+    echo "no test set in $DATA (records.jsonl, gold.jsonl, attributes.json): the run does the sample's jobs only"
   fi
   tar -cf "$DIR/payload.tar" -C "$DIR/payload" . && rm -rf "$DIR/payload" || return
   split -b "${PART_MB}m" -d -a 2 --numeric-suffixes=1 "$DIR/payload.tar" "$DIR/part-" || return
@@ -85,13 +94,16 @@ join() {  # the payload, checked, unpacked into $STAGE/x
   rm -rf "$STAGE/x" && mkdir -p "$STAGE/x" && tar -xf "$STAGE/payload.tar" -C "$STAGE/x" && rm "$STAGE/payload.tar"
 }
 
-job() {  # NAME, then hpd extract's arguments
+job() {  # NAME, then hpd extract's arguments (the sample unless they name --input and --attributes)
   local name=$1; shift
+  local input=(--input samples/oa-mine-sample.jsonl --attributes samples/attributes.json)
+  [[ " $* " == *" --input "* ]] && input=()
   echo "== hpd extract $name: $*" | tee -a "$OUT/e2e.txt"
   local start=$SECONDS
-  $PY -m jobs.cli extract --input samples/oa-mine-sample.jsonl --attributes samples/attributes.json \
-    --output "/tmp/hpd-e2e-out/$name" --overwrite --model "$MODEL" ${LIMIT:+--limit "$LIMIT"} "$@" 2>&1 | tail -8 | tee -a "$OUT/e2e.txt"
+  $PY -m jobs.cli extract "${input[@]}" --output "/tmp/hpd-e2e-out/$name" --overwrite --model "$MODEL" \
+    ${LIMIT:+--limit "$LIMIT"} "$@" 2>&1 | tail -8 | tee -a "$OUT/e2e.txt"
   echo "($((SECONDS - start)) s)" | tee -a "$OUT/e2e.txt"
+  cp "/tmp/hpd-e2e-out/$name/_report.json" "$OUT/$name.json" 2>/dev/null
 }
 
 run() {
@@ -102,6 +114,9 @@ run() {
     export PYTHONPATH=/tmp/site
     if [[ -f $STAGE/x/adapter.tar ]]; then
       mkdir -p "$(dirname "$ADAPTER")" && tar -xf "$STAGE/x/adapter.tar" -C "$(dirname "$ADAPTER")" || return
+    fi
+    if [[ -f $STAGE/x/data.tar ]]; then
+      mkdir -p "$DATA" && tar -xf "$STAGE/x/data.tar" -C "$DATA" || return
     fi
   fi
   export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
@@ -120,7 +135,14 @@ print(f"hpd == reference (float32): {same} of {len(ref)} values equal, {len(hpd)
       + ("" if same == len(ref) == len(hpd) else "  <-- DIFFERENT"))
 PY
   job hpd-auto --decoder hpd
-  cp /tmp/hpd-e2e-out/hpd-auto/_report.md /tmp/hpd-e2e-out/hpd-auto/_report.json "$OUT/" 2>/dev/null
+  cp /tmp/hpd-e2e-out/hpd-auto/_report.md "$OUT/hpd-auto.md" 2>/dev/null
+  if [[ -f $DATA/records.jsonl ]]; then  # the whole test set: a report of some size, and its score on the GPU
+    job oa-mine-test --input "$DATA/records.jsonl" --attributes "$DATA/attributes.json" --decoder hpd --docs-per-prompt 6
+    cp /tmp/hpd-e2e-out/oa-mine-test/_report.md "$OUT/oa-mine-test.md" 2>/dev/null
+    $PY -m jobs.cli evaluate --predictions /tmp/hpd-e2e-out/oa-mine-test --gold "$DATA/gold.jsonl" \
+      --attributes "$DATA/attributes.json" --records "$DATA/records.jsonl" --docs-per-prompt 6 > /tmp/hpd-e2e-scores.json \
+      && $PY -c "import json; r = json.load(open('/tmp/hpd-e2e-scores.json')); m = r['micro']; print(f\"OA-Mine test, hpd J = 6, --dtype auto, this device: F1 {m['f1']} (P {m['precision']} / R {m['recall']}), strict F1 {r['strict']['micro']['f1']}\")" 2>&1 | tee -a "$OUT/e2e.txt"
+  fi
 }
 
 case $what in
