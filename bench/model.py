@@ -120,7 +120,8 @@ def model_info(args: argparse.Namespace, model, tokenizer, name: str, source) ->
         "architecture": type(model).__name__,
         "dtype": args.dtype,
         "device": args.device,
-        "attention": args.attention,
+        "attention": args.attention + (f" (cuDNN kernels {'on' if getattr(args, 'cudnn_attention', False) else 'off'})"
+                                       if args.device.startswith("cuda") and args.attention == "sdpa" else ""),
         "parameters": total,
         "body_matmul_parameters": body,  # per prompt token: everything but the embedding table and LM head
         "lm_head_parameters": head.numel(),

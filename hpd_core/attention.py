@@ -19,18 +19,25 @@ that band, so a long prompt's prefill costs each query about a window of keys, n
 
 It is registered under ``ENGINE_ATTENTION`` and switched on only around the engine's own forward
 passes (``engine_attention``), so a model shared with other code keeps its configured
-implementation. Models whose configured attention is not SDPA (eager for soft-capped logits,
+implementation. Within those passes PyTorch's cuDNN attention backend is left out unless asked for
+(``cudnn=True``): on Hopper GPUs with a recent cuDNN, PyTorch puts cuDNN first for every SDPA call,
+and cuDNN builds an execution plan for every new (rows, queries, entries) shape, tens to hundreds
+of milliseconds each, kept in a cache that never shrinks. The engine's shapes change with every
+batch (packed prefills, sliding layers' bands), so a long job would keep building plans; flash,
+memory-efficient and math kernels need no plan. Models whose configured attention is not SDPA (eager for soft-capped logits,
 FlexAttention) keep their own function; the engine then passes padded queries.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ENGINE_ATTENTION = "hpd_sdpa"
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # SDPA keeps its own order
 
 
 def engine_sdpa(
@@ -125,11 +132,14 @@ def uses_sdpa(config) -> bool:
 
 
 @contextmanager
-def engine_attention(config):
-    """Within the block, the model whose (text) config this is attends with ``engine_sdpa``."""
+def engine_attention(config, cudnn: bool = False):
+    """Within the block, the model whose (text) config this is attends with ``engine_sdpa``, and
+    SDPA picks among flash, memory-efficient and math kernels only, unless ``cudnn`` (the module's
+    docstring says why). On a CPU the backends left are the ones it has."""
     previous = config._attn_implementation_internal
     config._attn_implementation_internal = ENGINE_ATTENTION
     try:
-        yield
+        with nullcontext() if cudnn else sdpa_kernel(WITHOUT_CUDNN):
+            yield
     finally:
         config._attn_implementation_internal = previous

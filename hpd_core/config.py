@@ -47,6 +47,11 @@ class DecodeConfig:
         (hpd_core/graphs.py): greedy decoding without spans; elsewhere the steps run as they are.
         On by default: on an H200 (session 28) the baseline ran 2.7-3.3x faster with graphs and
         HPD 1.1-1.4x, the same tokens (tests/hpd_core/test_graphs.py).
+    cudnn_attention: let PyTorch's SDPA use cuDNN's attention kernels in the engine's forwards
+        (hpd_core/attention.py). Off by default: on Hopper GPUs PyTorch prefers cuDNN, which builds
+        an execution plan for each new attention shape (tens to hundreds of milliseconds, cached
+        without limit), and the engine's shapes change with every batch. It changes speed (and,
+        in 16-bit, rounding), not what is asked.
     spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
         leave the product's text is never chosen, and the LM head is computed for the allowed
         tokens only. HPD and its reference.
@@ -65,6 +70,7 @@ class DecodeConfig:
     prefix_cache: int = 32
     spans: bool = False
     cuda_graphs: bool = True
+    cudnn_attention: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:
@@ -87,6 +93,8 @@ class DecodeConfig:
             raise ValueError(f"check_every must be >= 1, got {self.check_every}")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
+        if not isinstance(self.cudnn_attention, bool):
+            raise ValueError(f"cudnn_attention must be a bool, got {self.cudnn_attention!r}")
         if self.prefix_cache < 0:
             raise ValueError(f"prefix_cache must be >= 0, got {self.prefix_cache}")
 

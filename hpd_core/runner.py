@@ -44,8 +44,9 @@ VOCAB_CHUNK = 32768  # LM head rows per slice in greedy decoding (next_tokens)
 class ModelRunner:
     """The model split into body (transformer + final norm) and LM head, with explicit masks."""
 
-    def __init__(self, model, tokenizer, packed: bool = True, prefill_tokens: int = 0):
+    def __init__(self, model, tokenizer, packed: bool = True, prefill_tokens: int = 0, cudnn_attention: bool = False):
         self.model = model
+        self.cudnn_attention = cudnn_attention  # SDPA may use cuDNN's kernels (attention.engine_attention)
         self.body = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.device = self.head.weight.device
@@ -137,7 +138,7 @@ class ModelRunner:
             write_rows, write_index = write_rows.repeat_interleave(A), grid_index.reshape(-1)
         cache.write = Write(write_rows, write_index, read_rows, end, kind, b)
         self.passed(kind, ids.numel(), b)
-        context = engine_attention(self.body.config) if self.engine_sdpa else nullcontext()
+        context = engine_attention(self.body.config, self.cudnn_attention) if self.engine_sdpa else nullcontext()
         with context:
             out = self.body(
                 input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs

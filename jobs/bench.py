@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
     d.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
                    help="both decoders replay their fixed-shape steps from CUDA graphs (CUDA, greedy, no spans; default: on)")
+    d.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
+                   help="both decoders' attention may use cuDNN's kernels on a GPU (default: off; the warm-up builds "
+                   "the timed runs' plans, so this measures the kernels, not the plan builds)")
     d.add_argument("--spans", action="store_true",
                    help="both decoders decode values as spans of their product's text (records runs; default: off)")
     t = parser.add_argument_group("timing")
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
         prefill_tokens=args.prefill_tokens,
         step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton, spans=args.spans,
-        cuda_graphs=args.cuda_graphs,
+        cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention,
     )  # fmt: skip
     timing = TimingConfig(warmup_requests=args.warmup_requests, repeats=args.repeats, matmul_size=args.matmul_size)
     out = Path(args.out)

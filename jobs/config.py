@@ -56,7 +56,7 @@ def _nested(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs")  # DecodeConfig fields left out of a run's identity
+SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs", "cudnn_attention")  # DecodeConfig fields left out of a run's identity
 
 
 def run_id_for(arguments: dict) -> str:
@@ -107,7 +107,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
     decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton,
                                    batch_token_budget=args.batch_token_budget), spans=args.spans,
-                          cuda_graphs=args.cuda_graphs)
+                          cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention)
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
     failures = tuple(map(parse_failure, args.dry_run_fail or ()))
     dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
                         help="on a GPU, record each batch's fixed-shape decode step once as a CUDA graph and replay it "
                         "(greedy, without --spans); changes speed, not results (default: on; --no-cuda-graphs: eager steps)")
+    parser.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
+                        help="let attention use cuDNN's kernels on a GPU; off by default: cuDNN builds a plan for every new "
+                        "attention shape and the engine's shapes change with every batch; changes speed, not results")
     parser.add_argument("--spans", action="store_true",
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only) (default: off)")

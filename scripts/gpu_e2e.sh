@@ -11,7 +11,8 @@
 #                                       # sample (float32 hpd and reference, compared value for value;
 #                                       # then hpd at --dtype auto for the report's products/s and $ per 1k),
 #                                       # and one on the OA-Mine test set if the payload has it (DATA below):
-#                                       # hpd at --dtype auto, J = 6 (the quality table's default row), scored
+#                                       # hpd at --dtype auto, J = 6 (the quality table's default row), scored;
+#                                       # then again with --cudnn-attention, for the decode time only
 # Writes under $OUT (./gpu-out elsewhere): e2e.txt (what ran, the comparison, the score), each job's
 # NAME.json (its _report.json), and the auto run's and the test set run's NAME.md (_report.md). Checked on a CPU: `bash scripts/gpu_e2e.sh selftest` (prepare, stage
 # every part and join them again) and `INSTALLED=1 LIMIT=4 PYTHON=.venv/bin/python bash
@@ -142,6 +143,10 @@ PY
     $PY -m jobs.cli evaluate --predictions /tmp/hpd-e2e-out/oa-mine-test --gold "$DATA/gold.jsonl" \
       --attributes "$DATA/attributes.json" --records "$DATA/records.jsonl" --docs-per-prompt 6 > /tmp/hpd-e2e-scores.json \
       && $PY -c "import json; r = json.load(open('/tmp/hpd-e2e-scores.json')); m = r['micro']; print(f\"OA-Mine test, hpd J = 6, --dtype auto, this device: F1 {m['f1']} (P {m['precision']} / R {m['recall']}), strict F1 {r['strict']['micro']['f1']}\")" 2>&1 | tee -a "$OUT/e2e.txt"
+    # the same job with cuDNN's attention kernels allowed (off by default: a plan per new shape);
+    # compare the two reports' busy_device_seconds
+    job oa-mine-test-cudnn --input "$DATA/records.jsonl" --attributes "$DATA/attributes.json" --decoder hpd \
+      --docs-per-prompt 6 --cudnn-attention
   fi
 }
 

@@ -15,8 +15,8 @@
 #                      slots still open), its table into log.txt
 #   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py)
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
-# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|profile|all]
-#   (default all: tests, long, titles, scale; eager and profile only when named)
+# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|all]
+#   (default all: tests, long, titles, scale; eager, cudnn and profile only when named)
 #   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
 #   the two workloads), NUM_PRODUCTS, SCALE_PRODUCTS, ARCH, DEVICE, PYTHON
 # Wheels in .whl/ (e.g. the transformers this project is tested with) are installed first.
@@ -103,6 +103,10 @@ fi
 if [[ $what == eager ]]; then  # the same two workloads without CUDA graphs
   side_bench long-eager "${LONG[@]}" --no-cuda-graphs
   side_bench titles-eager "${TITLES[@]}" --no-cuda-graphs
+fi
+if [[ $what == cudnn ]]; then  # the same two workloads with cuDNN's attention kernels (their plans built in the warm-up)
+  side_bench long-cudnn "${LONG[@]}" --cudnn-attention
+  side_bench titles-cudnn "${TITLES[@]}" --cudnn-attention
 fi
 if [[ $what == profile ]]; then  # where HPD's time goes on the long workload
   echo "== profile" | tee -a "$LOG"

@@ -47,3 +47,38 @@ def test_a_mask_broadcast_over_rows_and_unmasked_causal_attention():
     torch.testing.assert_close(sdpa(q, k, v, None, causal=True), causal)
     with pytest.raises(ValueError, match="causal forward takes no mask"):
         sdpa(q, k, v, mask, causal=True)
+
+
+@pytest.mark.parametrize("decoder", ["hpd", "ar"])
+def test_engine_attention_leaves_cudnn_out_unless_asked(models, tokenizer, decoder, monkeypatch):
+    """Every SDPA call of the engine's forwards runs with PyTorch's cuDNN backend disabled (it builds a
+    plan per new shape on Hopper GPUs), unless ``cudnn_attention``; the tokens are the same, and the
+    setting is restored afterwards. On a CPU the flags change no kernel, so this checks the wiring;
+    the GPU tests check CUDA against the oracle with the default."""
+    import random
+
+    from hpd_core import attention
+    from hpd_core.config import DecodeConfig
+    from hpd_core.decoders import make_decoder
+
+    from .conftest import random_request
+
+    seen: list[bool] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    requests = [random_request(random.Random(3), 2, 2)]
+    tokens = {}
+    for cudnn in (False, True):
+        seen.clear()
+        config = DecodeConfig(max_value_tokens=4, cudnn_attention=cudnn)
+        tokens[cudnn] = [r.extra.get("slot_tokens", r.values) for r in
+                         make_decoder(decoder, models["llama"], tokenizer, config).decode(requests)]  # fmt: skip
+        assert seen and set(seen) == {cudnn}, (cudnn, set(seen))
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    assert tokens[False] == tokens[True]
