@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpd_core.prompts import parse_answer, parse_value, render_answer, render_value
-from hpd_core.stopping import AFTER_STRING, BARE, DONE, START, STRING, advance, token_text, transition_table
+from hpd_core.stopping import (AFTER_STRING, BARE, DONE, NUM_STATES, START, STRING, advance, column, token_text, token_texts,
+                               transition_table)
 from hpd_core.types import Attribute, Product, Request, Value
 
 
@@ -53,6 +54,40 @@ def test_table_agrees_with_advance(tokenizer):
         for state in range(6):
             expected = DONE if token_id in special else advance(state, token_text(tokenizer, token_id))
             assert table[state, token_id] == expected
+
+
+@settings(max_examples=2000, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list(' \t\r\n",}\\{:ab0\u3000\u00a0\ufffd')), max_size=8))
+def test_a_tokens_column_is_advance_from_every_state(text):
+    """The table's shortcut for tokens without a quote, backslash or terminator equals the machine."""
+    assert column(text) == tuple(advance(state, text) for state in range(NUM_STATES))
+
+
+def test_token_texts_are_each_tokens_decode(tokenizer):
+    """The texts (from the Rust decoder where it agrees) are what ``decode`` gives each token alone."""
+    texts = token_texts(tokenizer)
+    assert len(texts) == len(tokenizer)
+    assert list(texts) == [token_text(tokenizer, i) for i in range(len(tokenizer))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_the_table_of_each_shipped_tokenizer_agrees_with_advance(name):
+    """The shipped tokenizers' whole vocabularies (Gemma's 262,144 tokens): the texts equal
+    ``batch_decode``'s and the table equals the machine run on every token from every state."""
+    from transformers import AutoTokenizer
+
+    from hpd_core.config import ModelConfig
+    from hpd_core.models import resolve_model_dir
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(ModelConfig(name=name)))
+    texts = token_texts(tok)
+    assert list(texts) == tok.batch_decode([[i] for i in range(len(tok))], skip_special_tokens=False)
+    table = transition_table(tok).T.tolist()
+    special = set(tok.all_special_ids)
+    for token_id, text in enumerate(texts):
+        expected = [DONE] * NUM_STATES if token_id in special else [advance(state, text) for state in range(NUM_STATES)]
+        assert table[token_id] == expected, (token_id, text)
 
 
 @settings(max_examples=200, deadline=None)
