@@ -147,6 +147,7 @@ def build_dataset(
     sizing: ActorSizing,
     resources: ResourceConfig,
     counter=None,
+    chunks: int | None = None,  # the chunks to do, at least (no more write tasks than that)
 ) -> ray.data.Dataset:
     """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows).
 
@@ -175,7 +176,8 @@ def build_dataset(
         batch_format="pyarrow",
         fn_kwargs={"output": output},
         num_cpus=resources.io_cpus,
-        compute=ray.data.TaskPoolStrategy(size=resources.write_tasks or sizing.actors),
+        # no more tasks than chunks (Ray Data warns of a pool larger than its inputs)
+        compute=ray.data.TaskPoolStrategy(size=max(1, min(resources.write_tasks or sizing.actors, chunks or sizing.actors))),
         max_calls=resources.writes_per_worker,
     )
 
@@ -341,8 +343,10 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
         for shard, shard_index in todo
     ]
-    # chunks to do, at least (a chunk also closes at chunk_bytes): no more actors than that
-    chunks = sum(-(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows) or 1 for shard, idx in todo)
+    # chunks to do, at least (a chunk also closes at chunk_bytes; a resumed shard's committed chunks
+    # are not done again): no more actors, nor tasks that write, than that
+    chunks = sum(max(1, -(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows)
+                     - len(state.done.get(shard.shard_id, ()))) for shard, idx in todo)
     sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)
     bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
@@ -358,7 +362,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             line.start()
             finished = False
             try:
-                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
+                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter, chunks)
                 this_run = _stream(ds, line)
                 finished = True
             finally:
