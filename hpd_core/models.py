@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from hpd_core.config import DEFAULT_BASE_MODEL, DEFAULT_MODEL, ModelConfig
+from hpd_core.lora_merge import merge_plain_lora
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +253,8 @@ def load_model(config: ModelConfig):
         kwargs["device_map"] = {"": config.device}
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    if adapter:
-        from peft import PeftModel
+    if adapter and not (config.quantization is None and merge_plain_lora(model, adapter)):
+        from peft import PeftModel  # other adapters, and any adapter on a quantized model
 
         model = PeftModel.from_pretrained(model, adapter)
         if config.quantization is None:
