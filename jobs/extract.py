@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(greedy, without --spans); changes speed, not results (default: on; --no-cuda-graphs: eager steps)")
     parser.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
                         help="let attention use cuDNN's kernels on a GPU; off by default: cuDNN builds a plan for every new "
-                        "attention shape and the engine's shapes change with every batch; changes speed, not results")
+                        "attention shape and the engine's shapes change with every batch; changes speed (in bf16 also the rounding)")
     parser.add_argument("--spans", action="store_true",
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only) (default: off)")
