@@ -71,7 +71,7 @@ prepare() {
   echo "$n parts of at most $PART_MB MB in $DIR/ (payload sha256 $sum). Set the adapters aside (docs/gpu-session.md),"
   echo "then make these calls back to back, each within the machine's 30 warm seconds of the last:"
   for p in "$DIR"/p*; do echo "  run: carry [\"$p\"]  command: bash scripts/gpu_e2e.sh stage ${p##*/p}"; done
-  echo "  run: no carry  command: bash scripts/gpu_e2e.sh run   (timeout_s 420)"
+  echo "  run: no carry  command: bash scripts/gpu_e2e.sh run   (timeout_s 540)"
 }
 
 parts() {  # how many parts are staged
