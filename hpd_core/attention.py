@@ -24,8 +24,9 @@ implementation. Within those passes PyTorch's cuDNN attention backend is left ou
 and cuDNN builds an execution plan for every new (rows, queries, entries) shape, tens to hundreds
 of milliseconds each, kept in a cache that never shrinks. The engine's shapes change with every
 batch (packed prefills, sliding layers' bands), so a long job would keep building plans; flash,
-memory-efficient and math kernels need no plan. Models whose configured attention is not SDPA (eager for soft-capped logits,
-FlexAttention) keep their own function; the engine then passes padded queries.
+memory-efficient and math kernels need no plan. Models whose configured attention is not SDPA
+(eager for soft-capped logits, FlexAttention) keep their own function; the engine then passes
+padded queries.
 """
 
 from __future__ import annotations
