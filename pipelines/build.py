@@ -147,7 +147,6 @@ def build_dataset(
     sizing: ActorSizing,
     resources: ResourceConfig,
     counter=None,
-    chunks: int | None = None,  # the chunks to do, at least (no more write tasks than that)
 ) -> ray.data.Dataset:
     """The streaming pipeline; every stage sees one chunk per call (batch_size=1 over chunk rows).
 
@@ -176,8 +175,7 @@ def build_dataset(
         batch_format="pyarrow",
         fn_kwargs={"output": output},
         num_cpus=resources.io_cpus,
-        # no more tasks than chunks (Ray Data warns of a pool larger than its inputs)
-        compute=ray.data.TaskPoolStrategy(size=max(1, min(resources.write_tasks or sizing.actors, chunks or sizing.actors))),
+        compute=ray.data.TaskPoolStrategy(size=resources.write_tasks or sizing.actors),
         max_calls=resources.writes_per_worker,
     )
 
@@ -362,7 +360,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             line.start()
             finished = False
             try:
-                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter, chunks)
+                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
                 this_run = _stream(ds, line)
                 finished = True
             finally:

@@ -241,8 +241,8 @@ class ExtractStage:
         return outcomes
 
     def _decode_chunk(self, chunk: str, requests: list[Request]) -> list[Result | str]:
-        """All requests of a chunk, in calls of ``call_size`` prompts of similar length, reporting progress."""
-        self.load_decoder()  # before the chunk counts as started: loading is not decoding
+        """All requests of a chunk, in calls of ``call_size`` prompts of similar length, reporting
+        progress (the decoder loaded: loading is not decoding)."""
         self._tell("start", chunk, sum(len(r.products) for r in requests))
         outcomes: list[Result | str | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -_text_length(requests[i]))
