@@ -213,6 +213,16 @@ def test_prompts_the_decoder_fails_on_become_rejected_rows_with_the_reason(ray_c
 
 
 def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):
+    import logging
+
+    import ray.data  # noqa: F401  (it adds its console handler to the "ray.data" logger on import)
+
+    # That handler keeps the sys.stderr of the moment ray.data was first imported: under pytest,
+    # when an earlier test imported it, that is pytest's capture of then, not what capfd reads here
+    # (an `hpd extract` process imports it with its own stderr)
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler) and type(handler).__module__.startswith("ray."):  # not pytest's
+            handler.setStream(sys.stderr)
     # two chunks of one input file: two actors, one shard to prepare
     assert run_extract(extract_args(SAMPLE, tmp_path / "quiet", "--limit", 4, "--chunk-rows", 2)) == 0
     quiet = capfd.readouterr().err
