@@ -222,7 +222,7 @@ def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):
     # (an `hpd extract` process imports it with its own stderr)
     for handler in logging.getLogger("ray.data").handlers:
         if isinstance(handler, logging.StreamHandler) and type(handler).__module__.startswith("ray."):  # not pytest's
-            handler.setStream(sys.stderr)
+            handler.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed
     # two chunks of one input file: two actors, one shard to prepare
     assert run_extract(extract_args(SAMPLE, tmp_path / "quiet", "--limit", 4, "--chunk-rows", 2)) == 0
     quiet = capfd.readouterr().err
