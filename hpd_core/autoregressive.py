@@ -92,8 +92,7 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
-        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device),
-                                  prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
+        self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention)
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None

@@ -8,6 +8,13 @@ DECODERS = ("hpd", "ar", "reference")
 SKELETONS = ("interleaved", "after-products")  # where HPD's keys go (prompts.skeleton_segments)
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: models.resolve_dtype
 STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (DecodeConfig.step_shape)
+# "auto" on CUDA: an HPD batch whose fixed step would do at least this much matrix work (2 x body
+# parameters x rows x slots) takes packed steps instead. Measured on an H200 with Qwen3-8B's shape
+# (session 32, docs/gpu-session.md): packed against fixed HPD steps 0.90x at 7 TFLOP a fixed step
+# (titles, 528 tokens), 1.05x at 14 TFLOP (long products, 1,024 tokens), 1.65x at ~89 TFLOP (512
+# long products, ~100 rows x 64 slots): past the break-even, the finished values a fixed step still
+# feeds cost more than CUDA graphs save. The baseline (one token a row) was faster fixed at each size.
+PACKED_STEP_FLOPS = 3e13
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # Gemma 3 270M base + the shipped HPD LoRA adapter, see models.py
 DEFAULT_BASE_MODEL = "default-base"  # the same Gemma 3 270M base without the adapter (zero-shot)
@@ -39,7 +46,9 @@ class DecodeConfig:
         appended after its own cache entries: a CPU, where every computed token costs), "fixed"
         (every row feeds all its slots every step at fixed cache places: the same shapes and no host
         synchronisation from step to step, what a GPU's CUDA graphs or compiler want), or "auto"
-        (fixed on CUDA, packed otherwise). Both give the same tokens.
+        (fixed on CUDA, packed otherwise; on CUDA an HPD batch whose fixed step would reach
+        ``PACKED_STEP_FLOPS`` of matrix work is packed: there the finished values a fixed step
+        feeds cost more than graphs save). Both give the same tokens.
     check_every: fixed steps only: steps between the host reads that find finished prompts.
     prefix_cache: shared prompt prefixes (a category's instructions and attribute list) whose
         keys and values a decoder keeps for reuse across batches; 0 turns prefix sharing off.
@@ -102,10 +111,11 @@ class DecodeConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def fixed_steps(self, device) -> bool:
-        """Whether decode steps have fixed shapes on ``device`` (see ``step_shape``)."""
+    def fixed_steps(self, device, step_flops: float = 0.0) -> bool:
+        """Whether decode steps have fixed shapes on ``device`` (see ``step_shape``), for a batch
+        whose fixed step would do ``step_flops`` of matrix work (0: unknown or small)."""
         if self.step_shape == "auto":
-            return str(device).startswith("cuda")
+            return str(device).startswith("cuda") and step_flops < PACKED_STEP_FLOPS
         return self.step_shape == "fixed"
 
 

@@ -11,7 +11,8 @@ and attribute list.
             index k. The mask follows position order (masks.allowed, each layer's own window), so
             where an entry sits in the cache never matters: on a CPU the active slots' tokens are
             packed and appended after the row's own entries (every computed token counts); with
-            ``step_shape="fixed"`` (the GPU default) every row feeds all its slots every step,
+            ``step_shape="fixed"`` (the GPU default, up to a batch of much matrix work per step:
+            config.PACKED_STEP_FLOPS) every row feeds all its slots every step,
             written at the fixed place  L + (k - 1) x S + s  (L: the session's longest prompt,
             S: its most slots), finished slots absent, so every step has the same shapes and no
             host synchronisation happens between the checks every ``check_every`` steps.
@@ -48,8 +49,7 @@ class HPDDecoder(BatchedDecoder):
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
         require_token_boundary(tokenizer, config.skeleton)
-        self.runner = ModelRunner(model, tokenizer, packed=not config.fixed_steps(self.device),
-                                  prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
+        self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention)
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
@@ -124,10 +124,10 @@ class HPDSession(Session):
         self.forced = forced
         self.K, self.L = cfg.max_value_tokens, max(len(lay.input_ids) for lay in layouts)
         self.S = S = max(lay.num_slots for lay in layouts)
-        self.fixed = cfg.fixed_steps(dev)
-        self.check_every = cfg.check_every if self.fixed else 1
         rows = session_rows([len(lay.input_ids) for lay in layouts], [lay.num_slots for lay in layouts], self.K,
                             decoder.token_budget, cfg.max_batch_size)  # fmt: skip
+        self.fixed = cfg.fixed_steps(dev, step_flops=2.0 * decoder.runner.body_parameters * rows * S)
+        self.check_every = cfg.check_every if self.fixed else 1
         prompts = [decoder.prompt(r, lay) for r, lay in zip(requests, layouts)]
         super().__init__(decoder.runner, decoder.prefixes, prompts, rows, self.L + (self.K - 1) * S + 1)
         pad, K = decoder.runner.pad_id, self.K

@@ -44,7 +44,7 @@ VOCAB_CHUNK = 32768  # LM head rows per slice in greedy decoding (next_tokens)
 class ModelRunner:
     """The model split into body (transformer + final norm) and LM head, with explicit masks."""
 
-    def __init__(self, model, tokenizer, packed: bool = True, prefill_tokens: int = 0, cudnn_attention: bool = False):
+    def __init__(self, model, tokenizer, prefill_tokens: int = 0, cudnn_attention: bool = False):
         self.model = model
         self.cudnn_attention = cudnn_attention  # SDPA may use cuDNN's kernels (attention.engine_attention)
         self.body = model.get_decoder()
@@ -57,7 +57,8 @@ class ModelRunner:
             raise ValueError("attention 'flex_attention' is for CUDA devices: on a CPU, PyTorch 2.13's compiled "
                              "FlexAttention kernel fails to build for the engine's block masks; load the model with 'sdpa'")
         self.engine_sdpa = uses_sdpa(self.body.config)
-        self.packed = packed and self.engine_sdpa  # steps; prefills are packed whenever the model allows
+        # matrix work per query token is 2 x this (everything but the embedding table and the LM head)
+        self.body_parameters = sum(p.numel() for p in self.body.parameters()) - model.get_input_embeddings().weight.numel()
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
         self.windows = masks.layer_windows(model.config)
@@ -109,7 +110,7 @@ class ModelRunner:
             place = group * A + torch.arange(rows.numel(), device=rows.device) - starts[group]  # (N,) in (b, A)
             if b == cache.rows and bool((read_rows == torch.arange(b, device=rows.device)).all()):
                 read_rows = None
-        packed = (self.packed or kind != "step") and self.engine_sdpa and place is not None
+        packed = self.engine_sdpa and place is not None
         if packed and causal and self.causal_ok:
             # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule of
             # full layers; sliding layers read, per block of queries, only the entries its window

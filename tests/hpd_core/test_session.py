@@ -222,19 +222,56 @@ def test_prefix_store_keeps_the_most_recently_used():
     assert off.get((1,)) is None
 
 
+def test_auto_step_shape_is_packed_on_cpus_and_for_heavy_steps_on_cuda():
+    """step_shape="auto": packed on a CPU whatever the step; on CUDA fixed (graphs) until a fixed
+    step's matrix work reaches PACKED_STEP_FLOPS, packed from there; "fixed" and "packed" are kept."""
+    from hpd_core.config import PACKED_STEP_FLOPS
+
+    auto = DecodeConfig()
+    assert not auto.fixed_steps("cpu") and not auto.fixed_steps("cpu", step_flops=10 * PACKED_STEP_FLOPS)
+    assert auto.fixed_steps("cuda") and auto.fixed_steps("cuda:0", step_flops=PACKED_STEP_FLOPS / 2)
+    assert not auto.fixed_steps("cuda", step_flops=PACKED_STEP_FLOPS)
+    assert DecodeConfig(step_shape="fixed").fixed_steps("cuda", step_flops=10 * PACKED_STEP_FLOPS)
+    assert not DecodeConfig(step_shape="packed").fixed_steps("cuda")
+
+
+def test_hpd_asks_for_the_step_shape_of_its_batch_matrix_work(models, tokenizer, monkeypatch):
+    """An HPD session passes its fixed step's matrix work, 2 x body parameters x rows x slots, to
+    DecodeConfig.fixed_steps; body parameters leave out the embedding table (and the LM head)."""
+    model = models["llama"]
+    decoder = make_decoder("hpd", model, tokenizer, DecodeConfig(max_value_tokens=4, max_batch_size=2))
+    embedding = model.get_input_embeddings().weight.numel()
+    assert decoder.runner.body_parameters == sum(p.numel() for p in model.get_decoder().parameters()) - embedding
+    asked = []
+    original = DecodeConfig.fixed_steps
+
+    def fixed_steps(self, device, step_flops=0.0):
+        asked.append(step_flops)
+        return original(self, device, step_flops)
+
+    monkeypatch.setattr(DecodeConfig, "fixed_steps", fixed_steps)
+    requests = category_requests(random.Random(5), 3)
+    decoder.decode(requests)
+    slots = max(lay.num_slots for lay in decoder.prepare(requests))
+    assert asked and max(asked) <= 2.0 * decoder.runner.body_parameters * 2 * slots
+    assert 2.0 * decoder.runner.body_parameters * 2 * slots in asked  # the first session: 2 rows
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_cuda_fixed_steps_equal_the_cpu_oracle(tokenizer, arch):
-    """On CUDA (fixed steps by default), float32: HPD and the baseline == their CPU oracles."""
+@pytest.mark.parametrize("step_shape", ["auto", "packed"])
+def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
+    """On CUDA, float32, with fixed steps (auto, for small batches) and packed ones (what auto
+    picks for heavy batches): HPD and the baseline == their CPU oracles."""
     from .conftest import parts_at_a_tie, slots_part_at_a_tie, tiny_model
 
     rng = random.Random(30)
     requests = category_requests(rng, 3)
-    config = DecodeConfig(max_value_tokens=6, max_batch_size=2)
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=2, step_shape=step_shape)
     cpu_model = tiny_model(arch, len(tokenizer))
     gpu_model = tiny_model(arch, len(tokenizer)).cuda()
-    assert config.fixed_steps("cuda")
+    assert config.fixed_steps("cuda") == (step_shape == "auto")
     # each pair the same tokens, or parting at a float32 tie in the oracle's logits (else these fail)
     reference = make_decoder("reference", cpu_model, tokenizer, config)
     gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
