@@ -46,6 +46,7 @@ def summarize(name: str, runs: list) -> dict:
         "tokens_fed": counts["tokens_fed"],
         "shared_prefix_prefills": counts.get("prefix_prefills", 0),
         "cuda_graphs": f"{counts.get('graphs_captured', 0)} / {counts.get('graphs_failed', 0)}",
+        "step_shapes": f"{counts.get('fixed_batches', 0)} / {counts.get('packed_batches', 0)}",
         "values": len(values),
         "null_values": sum(v.value is None for v in values),
         "truncated_values": sum(v.truncated for v in values),

@@ -132,7 +132,7 @@ def timed(name: str, decoder, workload: Workload, device: str, counter: PassCoun
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     counter.reset()
-    graphs = dict(decoder.runner.graphs)
+    graphs, sessions = dict(decoder.runner.graphs), dict(decoder.runner.sessions)
     with PeakRSS(timing.memory_sample_s) as rss:
         _sync(device)
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -147,7 +147,9 @@ def timed(name: str, decoder, workload: Workload, device: str, counter: PassCoun
         "counts": dict(calls=counter.calls, prefills=counter.prefills, prefill_rows=counter.prefill_rows,
                        tokens_fed=counter.tokens_fed, prefix_prefills=counter.prefix_prefills,
                        graphs_captured=decoder.runner.graphs["captured"] - graphs["captured"],
-                       graphs_failed=decoder.runner.graphs["failed"] - graphs["failed"]),  # fmt: skip
+                       graphs_failed=decoder.runner.graphs["failed"] - graphs["failed"],
+                       fixed_batches=decoder.runner.sessions["fixed"] - sessions["fixed"],
+                       packed_batches=decoder.runner.sessions["packed"] - sessions["packed"]),  # fmt: skip
         "host_peak": rss.peak,
         "device_peak": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
     }

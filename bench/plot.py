@@ -16,6 +16,7 @@ ROWS = (  # (label, key, format)
     ("prefill forwards", "batches", "{}"),
     ("shared prefixes prefilled", "shared_prefix_prefills", "{}"),
     ("CUDA graphs captured / failed", "cuda_graphs", "{}"),
+    ("batches with fixed / packed steps", "step_shapes", "{}"),
     ("mean rows per prefill", "mean_batch_rows", "{:.1f}"),
     ("prompt tokens per product", "prompt_tokens_per_product", "{:.1f}"),
     ("generated tokens", "generated_tokens", "{}"),

@@ -73,6 +73,7 @@ class ModelRunner:
         self.listeners: list = []  # called (kind, query tokens, rows taking part) for every forward pass
         self._recorded: list | None = None  # passes made while a step is recorded as a CUDA graph
         self.graphs = {"captured": 0, "failed": 0}  # CUDA graph captures of fixed steps (hpd_core/graphs.py)
+        self.sessions = {"fixed": 0, "packed": 0}  # batches (sessions) by step shape (DecodeConfig.step_shape)
 
     def new_cache(self, rows: int, capacity: int) -> RowCache:
         return RowCache(rows, capacity, self.device)

@@ -54,6 +54,7 @@ class Session:
 
     def __init__(self, runner: ModelRunner, prefixes: PrefixStore, prompts: list[Prompt], rows: int, capacity: int):
         self.runner = runner
+        runner.sessions["fixed" if self.fixed else "packed"] += 1
         self.prefixes = prefixes
         self.prompts = prompts
         self.rows = rows

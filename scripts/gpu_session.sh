@@ -10,9 +10,9 @@
 #                      (CUDA graphs on, the default; the part "eager" reruns both with
 #                      --no-cuda-graphs, its tables into log.txt)
 #   scale/             the long workload at 512 products (--batch-size 512: batches as full as the
-#                      memory allows, as in a catalog run) with fixed steps (the CUDA default) in
-#                      scale/bench.md, and again with --step-shape packed (HPD then computes only the
-#                      slots still open), its table into log.txt
+#                      memory allows, as in a catalog run), step shapes "auto" (HPD's heavy batches
+#                      packed, the baseline fixed with graphs: session 32) in scale/bench.md; then
+#                      the titles at 512 products the same way, its table into log.txt
 #   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py)
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
 # Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|all]
@@ -95,10 +95,10 @@ fi
 if [[ $what == all || $what == titles ]]; then  # OA-Mine-like titles: ~30 tokens, 8 attributes
   bench titles "${TITLES[@]}"
 fi
-if [[ $what == all || $what == scale ]]; then  # a catalog's full batches: fixed steps, then packed
+if [[ $what == all || $what == scale ]]; then  # a catalog's full batches, long products then titles
   echo "== hpd bench scale" | tee -a "$LOG"
   limit $PY -m jobs.cli bench $(workload) "${LONG[@]}" --num-products "$SCALE_PRODUCTS" --batch-size "$SCALE_PRODUCTS" --out "$OUT/scale" $BENCH_ARGS --repeats 1 2>&1 | tee -a "$LOG" || status=1
-  side_bench scale-packed "${LONG[@]}" --num-products "$SCALE_PRODUCTS" --batch-size "$SCALE_PRODUCTS" --step-shape packed --repeats 1
+  side_bench scale-titles "${TITLES[@]}" --num-products "$SCALE_PRODUCTS" --batch-size "$SCALE_PRODUCTS" --repeats 1
 fi
 if [[ $what == eager ]]; then  # the same two workloads without CUDA graphs
   side_bench long-eager "${LONG[@]}" --no-cuda-graphs

@@ -192,6 +192,8 @@ def test_bench_synthetic_end_to_end(capsys, tmp_path, tokenizer_dir):
     assert report["ar"]["generated_tokens"] == sum(workload.exact_new_tokens)
     # HPD: one prefill + (longest value - 1) steps per batch; AR: one pass per answer token
     assert report["hpd"]["batches"] == 1 and report["ar"]["batches"] == 1
+    assert report["hpd"]["step_shapes"] == report["ar"]["step_shapes"] == "0 / 1"  # a CPU: packed steps
+    assert "| batches with fixed / packed steps | 0 / 1 | 0 / 1 |" in (out / "bench.md").read_text()
     assert report["ar"]["forward_passes"] == max(workload.exact_new_tokens)
     assert report["hpd"]["forward_passes"] == max(len(s) for slots in workload.forced for s in slots)
     assert report["model"]["random_weights"] and report["workload"]["fixed_lengths"]
