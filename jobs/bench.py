@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--prefill-tokens", type=int, default=DecodeConfig.prefill_tokens,
                    help="most new tokens per prefill forward; 0: sized for the device (default)")
     d.add_argument("--step-shape", choices=STEP_SHAPES, default=DecodeConfig.step_shape,
-                   help="packed (only live tokens computed), fixed (same shapes every step), auto (fixed on CUDA)")
+                   help="packed (only live tokens computed), fixed (same shapes every step), auto (default: packed on a CPU; "
+                        "on CUDA fixed, except HPD batches of heavy steps, DecodeConfig.step_shape)")
     d.add_argument("--prefix-cache", type=int, default=DecodeConfig.prefix_cache,
                    help="shared prefixes kept per decoder (0: no prefix sharing)")
     d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
