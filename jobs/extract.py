@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from hpd_core.config import DEFAULT_MODEL, SKELETONS, DecodeConfig, ModelConfig
+from hpd_core.config import DEFAULT_MODEL, SKELETONS, STEP_SHAPES, DecodeConfig, ModelConfig
 from jobs import CommandFailed, stop_cleanly_on_sigterm
 from pipelines.dryrun import FAILURE_MODES, DryRunConfig
 from pipelines.reader import ReadConfig
@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
                         help="on a GPU, record each batch's fixed-shape decode step once as a CUDA graph and replay it "
                         "(greedy, without --spans); changes speed, not results (default: on; --no-cuda-graphs: eager steps)")
+    parser.add_argument("--step-shape", choices=STEP_SHAPES,
+                        help="how decode steps are laid out: packed (only the values still open are computed), fixed (every "
+                        "slot every step, the same shapes: CUDA graphs), auto (packed on a CPU; on a GPU fixed, except HPD "
+                        "batches of heavy steps); the same tokens in float32 (default: auto)")
     parser.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
                         help="let attention use cuDNN's kernels on a GPU; off by default: cuDNN builds a plan for every new "
                         "attention shape and the engine's shapes change with every batch; changes speed (in bf16 also the rounding)")

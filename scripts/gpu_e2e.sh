@@ -12,7 +12,8 @@
 #                                       # then hpd at --dtype auto for the report's products/s and $ per 1k),
 #                                       # and one on the OA-Mine test set if the payload has it (DATA below):
 #                                       # hpd at --dtype auto, J = 6 (the quality table's default row), scored;
-#                                       # then again with --cudnn-attention, for the decode time only
+#                                       # then again with --step-shape packed (the default model's batches take
+#                                       # fixed steps on a GPU), scored too: its decode time against the first
 # Writes under $OUT (./gpu-out elsewhere): e2e.txt (what ran, the comparison, the score), each job's
 # NAME.json (its _report.json), and the auto run's and the test set run's NAME.md (_report.md). Checked on a CPU: `bash scripts/gpu_e2e.sh selftest` (prepare, stage
 # every part and join them again) and `INSTALLED=1 LIMIT=4 PYTHON=.venv/bin/python bash
@@ -107,6 +108,12 @@ job() {  # NAME, then hpd extract's arguments (the sample unless they name --inp
   cp "/tmp/hpd-e2e-out/$name/_report.json" "$OUT/$name.json" 2>/dev/null
 }
 
+score() {  # NAME, what else it ran with: the test set job's F1 on this device, into e2e.txt
+  $PY -m jobs.cli evaluate --predictions "/tmp/hpd-e2e-out/$1" --gold "$DATA/gold.jsonl" \
+    --attributes "$DATA/attributes.json" --records "$DATA/records.jsonl" --docs-per-prompt 6 > "/tmp/hpd-e2e-scores-$1.json" \
+    && WITH="$2" $PY -c "import json, os; r = json.load(open('/tmp/hpd-e2e-scores-$1.json')); m = r['micro']; print(f\"OA-Mine test, hpd J = 6, --dtype auto{(' ' + os.environ['WITH']) if os.environ['WITH'] else ''}, this device: F1 {m['f1']} (P {m['precision']} / R {m['recall']}), strict F1 {r['strict']['micro']['f1']}\")" 2>&1 | tee -a "$OUT/e2e.txt"
+}
+
 run() {
   mkdir -p "$OUT"
   if [[ $INSTALLED != 1 ]]; then
@@ -140,13 +147,14 @@ PY
   if [[ -f $DATA/records.jsonl ]]; then  # the whole test set: a report of some size, and its score on the GPU
     job oa-mine-test --input "$DATA/records.jsonl" --attributes "$DATA/attributes.json" --decoder hpd --docs-per-prompt 6
     cp /tmp/hpd-e2e-out/oa-mine-test/_report.md "$OUT/oa-mine-test.md" 2>/dev/null
-    $PY -m jobs.cli evaluate --predictions /tmp/hpd-e2e-out/oa-mine-test --gold "$DATA/gold.jsonl" \
-      --attributes "$DATA/attributes.json" --records "$DATA/records.jsonl" --docs-per-prompt 6 > /tmp/hpd-e2e-scores.json \
-      && $PY -c "import json; r = json.load(open('/tmp/hpd-e2e-scores.json')); m = r['micro']; print(f\"OA-Mine test, hpd J = 6, --dtype auto, this device: F1 {m['f1']} (P {m['precision']} / R {m['recall']}), strict F1 {r['strict']['micro']['f1']}\")" 2>&1 | tee -a "$OUT/e2e.txt"
-    # the same job with cuDNN's attention kernels allowed (off by default: a plan per new shape);
+    score oa-mine-test ""
+    # the same job with packed steps (session 32 measured cuDNN's attention here: 4.4x the decode time,
+    # so it stays off): OA-Mine's values are short, so most of a fixed step's slots are finished ones;
     # compare the two reports' busy_device_seconds
-    job oa-mine-test-cudnn --input "$DATA/records.jsonl" --attributes "$DATA/attributes.json" --decoder hpd \
-      --docs-per-prompt 6 --cudnn-attention
+    job oa-mine-test-packed --input "$DATA/records.jsonl" --attributes "$DATA/attributes.json" --decoder hpd \
+      --docs-per-prompt 6 --step-shape packed
+    cp /tmp/hpd-e2e-out/oa-mine-test-packed/_report.md "$OUT/oa-mine-test-packed.md" 2>/dev/null
+    score oa-mine-test-packed "--step-shape packed"
   fi
 }
 

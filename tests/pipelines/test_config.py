@@ -96,6 +96,10 @@ def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     assert again.output.run_id == config.output.run_id  # price and address do not change the rows
     other = from_args(parse("--output", tmp_path / "out", "--docs-per-prompt", 2))
     assert other.output.run_id != config.output.run_id
+    assert config.extract.decode.step_shape == "auto"
+    packed = from_args(parse("--output", tmp_path / "out", "--step-shape", "packed"))
+    assert packed.extract.decode.step_shape == "packed"  # part of the identity: in bf16 the rounding may differ
+    assert packed.output.run_id != config.output.run_id
 
 
 @pytest.mark.parametrize(
