@@ -277,10 +277,14 @@ class ExtractStage:
         tell(0, now=True)  # the chunk's last products
         return outcomes  # type: ignore[return-value]
 
-    def _graph_failures(self) -> int:
-        """CUDA graph captures that failed so far in this actor (hpd_core/graphs.py; 0 without a model)."""
+    def _engine_counts(self) -> Counter:
+        """This actor's engine counters so far: CUDA graph captures that failed (hpd_core/graphs.py)
+        and batches by step shape; none without an engine (dry run, the reference decoder)."""
         runner = getattr(self._decoder, "runner", None)
-        return runner.graphs["failed"] if runner is not None else 0
+        if runner is None:
+            return Counter()
+        return Counter(cuda_graph_failures=runner.graphs["failed"], batches_fixed_steps=runner.sessions["fixed"],
+                       batches_packed_steps=runner.sessions["packed"])
 
     def _chunk(self, chunk: dict) -> dict:
         rows = io.table_from_bytes(chunk["payload"]).to_pylist()
@@ -297,9 +301,9 @@ class ExtractStage:
         if requests:
             self.load_decoder()  # loading is not decoding: the model loads before the clock starts
         started = time.perf_counter()
-        graphs = self._graph_failures()
+        engine = self._engine_counts()
         outcomes = self._decode_chunk(chunk["chunk"], [request for request, _ in requests]) if requests else []
-        stats.update(cuda_graph_failures=self._graph_failures() - graphs)
+        stats.update(self._engine_counts() - engine)
         decode_seconds = time.perf_counter() - started
 
         attributes, failed, written = [], {}, []

@@ -29,6 +29,8 @@ COUNTERS = (
     "generated_tokens",
     "forward_passes",  # summed over prompts: model calls each prompt took part in
     "cuda_graph_failures",  # CUDA graph captures that failed: those batches ran eagerly (same values, slower)
+    "batches_fixed_steps",  # engine batches decoded with fixed-shape steps (CUDA graphs), see --step-shape
+    "batches_packed_steps",  # engine batches decoded with packed steps (only open values computed)
 )
 
 
@@ -188,6 +190,9 @@ def render_markdown(report: dict) -> str:
         f"{report['this_run']['devices']} {'GPU' if report['this_run']['device'] == 'gpu' else 'vCPU'}.",
         "",
     ]
+    if report.get("batches_fixed_steps") or report.get("batches_packed_steps"):
+        lines += [f"Engine batches: {report.get('batches_fixed_steps', 0)} with fixed steps, "
+                  f"{report.get('batches_packed_steps', 0)} with packed steps (--step-shape).", ""]
     if report.get("cuda_graph_failures"):
         lines += [f"CUDA graph captures failed: {report['cuda_graph_failures']} (those batches ran their steps eagerly: "
                   "the same values, slower; the actors' logs say why).", ""]

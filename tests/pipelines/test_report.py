@@ -80,6 +80,18 @@ def test_attempt_records_round_trip(tmp_path):
     assert [a.name for a in loaded] == [first.name, second.name] and loaded[0].wall_seconds == 60.0
 
 
+def test_batches_by_step_shape_are_summed_and_reported():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "gpu", 1, 3.77)
+    total = stats(2)
+    total.add({"rows_in": 1, "products_out": 1, "batches_fixed_steps": 2, "batches_packed_steps": 1})
+    total.add({"rows_in": 1, "products_out": 1, "batches_packed_steps": 3})  # a chunk without fixed batches
+    report = build_report(META, total, total, [attempt], attempt)
+    assert (report["batches_fixed_steps"], report["batches_packed_steps"]) == (2, 4)
+    assert "Engine batches: 2 with fixed steps, 4 with packed steps" in render_markdown(report)
+    none = stats(2)
+    assert "Engine batches" not in render_markdown(build_report(META, none, none, [attempt], attempt))  # a dry run
+
+
 def test_failed_cuda_graph_captures_are_summed_and_reported_only_when_there_are_some():
     attempt = attempts.Attempt("a", 0.0, 10.0, "gpu", 1, 3.77)
     clean, failing = stats(2), stats(2)
