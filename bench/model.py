@@ -111,9 +111,10 @@ def load(args: argparse.Namespace) -> tuple[dict[str, object], object, dict]:
 def model_info(args: argparse.Namespace, model, tokenizer, name: str, source) -> dict:
     """What the report says about the model (HPD's; the baseline's differs only in its adapter)."""
     total = sum(p.numel() for p in model.parameters())
-    embedding = model.get_input_embeddings().weight
+    from hpd_core.runner import body_parameters
+
     head = model.get_output_embeddings().weight
-    body = sum(p.numel() for p in model.get_decoder().parameters()) - embedding.numel()
+    body = body_parameters(model)
     return {
         "name": name,
         "tokenizer": str(source),

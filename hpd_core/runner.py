@@ -27,6 +27,7 @@ through the LM head, and greedy decoding takes the maximum over slices of the vo
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
@@ -39,6 +40,18 @@ from hpd_core.sampling import select
 
 BAND_BLOCK = 64  # queries per block of a sliding layer's banded causal attention
 VOCAB_CHUNK = 32768  # LM head rows per slice in greedy decoding (next_tokens)
+
+
+def body_parameters(model) -> int:
+    """The weights each token's forward multiplies by (2 FLOP each): the decoder's parameters less
+    its embedding table (the LM head is not part of the decoder). 4-bit weights (bitsandbytes'
+    NF4, stored two to a byte) count at their unpacked size."""
+
+    def count(p) -> int:
+        shape = getattr(getattr(p, "quant_state", None), "shape", None)
+        return math.prod(shape) if shape is not None else p.numel()
+
+    return sum(count(p) for p in model.get_decoder().parameters()) - count(model.get_input_embeddings().weight)
 
 
 class ModelRunner:
@@ -57,8 +70,7 @@ class ModelRunner:
             raise ValueError("attention 'flex_attention' is for CUDA devices: on a CPU, PyTorch 2.13's compiled "
                              "FlexAttention kernel fails to build for the engine's block masks; load the model with 'sdpa'")
         self.engine_sdpa = uses_sdpa(self.body.config)
-        # matrix work per query token is 2 x this (everything but the embedding table and the LM head)
-        self.body_parameters = sum(p.numel() for p in self.body.parameters()) - model.get_input_embeddings().weight.numel()
+        self.body_parameters = body_parameters(model)  # matrix work per query token: 2 x this
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
         self.windows = masks.layer_windows(model.config)

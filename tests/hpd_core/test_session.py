@@ -235,6 +235,25 @@ def test_auto_step_shape_is_packed_on_cpus_and_for_heavy_steps_on_cuda():
     assert not DecodeConfig(step_shape="packed").fixed_steps("cuda")
 
 
+def test_body_parameters_leave_out_the_embedding_and_count_4bit_weights_unpacked(models):
+    """runner.body_parameters: the decoder's parameters less its embedding table; a bitsandbytes
+    4-bit weight (two values a byte, its shape in ``quant_state``) counts at its unpacked size."""
+    from types import SimpleNamespace
+
+    from hpd_core.runner import body_parameters
+
+    model = models["llama"]
+    decoder = model.get_decoder()
+    plain = sum(p.numel() for p in decoder.parameters()) - model.get_input_embeddings().weight.numel()
+    assert body_parameters(model) == plain
+    weight = decoder.layers[0].mlp.up_proj.weight
+    weight.quant_state = SimpleNamespace(shape=torch.Size([weight.shape[0], 2 * weight.shape[1]]))
+    try:
+        assert body_parameters(model) == plain + weight.numel()
+    finally:
+        del weight.quant_state
+
+
 def test_hpd_asks_for_the_step_shape_of_its_batch_matrix_work(models, tokenizer, monkeypatch):
     """An HPD session passes its fixed step's matrix work, 2 x body parameters x rows x slots, to
     DecodeConfig.fixed_steps; body parameters leave out the embedding table (and the LM head)."""
