@@ -11,8 +11,8 @@ and attribute list.
             index k. The mask follows position order (masks.allowed, each layer's own window), so
             where an entry sits in the cache never matters: on a CPU the active slots' tokens are
             packed and appended after the row's own entries (every computed token counts); with
-            ``step_shape="fixed"`` (the GPU default, up to a batch of much matrix work per step:
-            config.PACKED_STEP_FLOPS) every row feeds all its slots every step,
+            ``step_shape="fixed"`` (the GPU default for batches below config.PACKED_STEP_FLOPS
+            of matrix work a step) every row feeds all its slots every step,
             written at the fixed place  L + (k - 1) x S + s  (L: the session's longest prompt,
             S: its most slots), finished slots absent, so every step has the same shapes and no
             host synchronisation happens between the checks every ``check_every`` steps.
