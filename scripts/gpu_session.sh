@@ -13,7 +13,8 @@
 #                      memory allows, as in a catalog run), step shapes "auto" (HPD's heavy batches
 #                      packed, the baseline fixed with graphs: session 32) in scale/bench.md; then
 #                      the titles at 512 products the same way, its table into log.txt
-#   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py)
+#   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py;
+#                      at catalog scale: NUM_PRODUCTS=512 BENCH_ARGS="--batch-size 512" LIMIT=300)
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
 # Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|all]
 #   (default all: tests, long, titles, scale; eager, cudnn and profile only when named)
@@ -111,6 +112,6 @@ fi
 if [[ $what == profile ]]; then  # where HPD's time goes on the long workload
   echo "== profile" | tee -a "$LOG"
   limit $PY scripts/gpu_profile.py --profile-out "$OUT" bench $(workload) "${LONG[@]}" --repeats 1 \
-    --out /tmp/hpd-profile-bench 2>&1 | tee -a "$LOG" || status=1
+    --out /tmp/hpd-profile-bench $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
 fi
 exit $status
