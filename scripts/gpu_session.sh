@@ -16,8 +16,10 @@
 #   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py;
 #                      at catalog scale: NUM_PRODUCTS=512 BENCH_ARGS="--batch-size 512" LIMIT=300)
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
-# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|all]
-#   (default all: tests, long, titles, scale; eager, cudnn and profile only when named)
+# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|compile|all]
+#   (default all: tests, long, titles, scale; eager, cudnn, profile and compile only when named;
+#   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs and norms,
+#   alternating, AB_RUNS=2 times each, into log.txt)
 #   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
 #   the two workloads), NUM_PRODUCTS, SCALE_PRODUCTS, ARCH, DEVICE, PYTHON
 # Wheels in .whl/ (e.g. the transformers this project is tested with) are installed first.
@@ -108,6 +110,11 @@ fi
 if [[ $what == cudnn ]]; then  # the same two workloads with cuDNN's attention kernels (their plans built in the warm-up)
   side_bench long-cudnn "${LONG[@]}" --cudnn-attention
   side_bench titles-cudnn "${TITLES[@]}" --cudnn-attention
+fi
+if [[ $what == compile ]]; then  # HPD on the long workload, eager against compiled MLPs and norms (scripts/compile_ab.py)
+  echo "== compile A/B" | tee -a "$LOG"
+  AB_RUNS=${AB_RUNS:-2} limit $PY scripts/compile_ab.py bench $(workload) "${LONG[@]}" --repeats 1 --out /tmp/hpd-compile-bench $BENCH_ARGS 2>&1 \
+    | grep -v "^DEBUG " | tee -a "$LOG" || status=1
 fi
 if [[ $what == profile ]]; then  # where HPD's time goes on the long workload
   echo "== profile" | tee -a "$LOG"
