@@ -53,6 +53,8 @@ def engine_sdpa(
     causal_width: int | None = None,  # causal forward: the grid is (rows, width), query at its own index
     layer_windows: tuple[int | None, ...] | None = None,  # causal forward: each layer's window
     bands: dict | None = None,  # causal forward: per window, [(first query, end, first entry, mask)]
+    row_queries: list[tuple[int, int]] | None = None,  # packed: per row, (first packed query, count)
+    row_reach: dict | None = None,  # with row_queries: per window, per row [first, last + 1) entry read
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Returns the attention output as (rows, A, H, Dv), or (1, N, H, Dv) for packed queries."""
@@ -65,6 +67,14 @@ def engine_sdpa(
         rows, queries, attention_mask = key.shape[0], causal_width, None
     else:
         rows, queries = attention_mask.shape[0], attention_mask.shape[2]
+    if row_queries is not None and causal_width is None:  # row by row, real queries over reachable entries
+        reach = row_reach[layer_windows[module.layer_idx]]
+        parts = [
+            sdpa(query[:, :, qs : qs + n], key[i : i + 1, :, ks:ke], value[i : i + 1, :, ks:ke],
+                 attention_mask[i : i + 1, :, :n, ks:ke], dropout, scaling)
+            for i, ((qs, n), (ks, ke)) in enumerate(zip(row_queries, reach))
+        ]  # fmt: skip
+        return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
     if unpack is not None:
         flat = query.new_zeros(rows * queries, heads, query.shape[3])

@@ -39,6 +39,7 @@ from hpd_core.kvcache import RowCache, Write
 from hpd_core.sampling import select
 
 BAND_BLOCK = 64  # queries per block of a sliding layer's banded causal attention
+ROW_MIN_QUERIES = 2  # CPU forwards with this many queries in some row attend row by row
 VOCAB_CHUNK = 32768  # LM head rows per slice in greedy decoding (next_tokens)
 
 
@@ -52,6 +53,20 @@ def body_parameters(model) -> int:
         return math.prod(shape) if shape is not None else p.numel()
 
     return sum(count(p) for p in model.get_decoder().parameters()) - count(model.get_input_embeddings().weight)
+
+
+def row_reach(allowed: torch.Tensor, place: torch.Tensor, A: int) -> list[tuple[int, int]]:
+    """Per grid row of ``allowed`` (b, A, C): the columns [first, last + 1) that at least one of the
+    row's real queries (``place``: their flat (row, column) places) may see. Every real query sees
+    its own entry, so each row's range holds at least one column."""
+    b, _, C = allowed.shape
+    real = torch.zeros(b * A, dtype=torch.bool, device=allowed.device)
+    real[place] = True
+    seen = (allowed & real.view(b, A, 1)).any(1)  # (b, C)
+    column = torch.arange(C, device=allowed.device)
+    first = torch.where(seen, column, C).amin(1)
+    last = torch.where(seen, column, -1).amax(1)
+    return list(zip(first.tolist(), (last + 1).tolist()))
 
 
 class ModelRunner:
@@ -77,6 +92,10 @@ class ModelRunner:
         self.layer_window = masks.window_per_layer(model.config)
         # causal forwards skip the mask (full layers) or read only each query block's band (sliding)
         self.causal_ok = self.engine_sdpa
+        # a CPU forward whose rows hold several queries (HPD's steps) attends row by row, each row's
+        # real queries over only the entries they can reach (attention.engine_sdpa, ``row_reach``)
+        self.row_attention = self.engine_sdpa and self.device.type == "cpu"
+        self.row_min_queries = ROW_MIN_QUERIES
         self.band_block = BAND_BLOCK
         self.prefill_tokens = prefill_tokens  # most new tokens per prefill forward (0: no limit), see Session.prefill
         self.vocab_chunk = VOCAB_CHUNK
@@ -141,8 +160,20 @@ class ModelRunner:
                                               ((pos, 0), (gen, 0), (index, cache.scratch)))  # fmt: skip
             keys = cache.keys_of(read_rows, end)
             own = grid_index.clamp(max=end - 1)  # padding queries (index: scratch) see some entry, no NaN
-            mask = self.mask(lambda window: masks.allowed(*keys, grid_pos, grid_gen, own, window))
+            by_row = packed and self.row_attention and A >= self.row_min_queries
+            reach: dict = {}  # per window: each row's [first, last + 1) entries a real query may see
+
+            def rule(window):
+                allowed = masks.allowed(*keys, grid_pos, grid_gen, own, window)
+                if by_row:
+                    reach[window] = row_reach(allowed, place, A)
+                return allowed
+
+            mask = self.mask(rule)
             kwargs = {"unpack": place}
+            if by_row:
+                kwargs |= {"row_queries": list(zip(starts.tolist(), counts.tolist())), "row_reach": reach,
+                           "layer_windows": self.layer_window}  # fmt: skip
         if packed:
             ids, positions = tokens[None], pos[None]
             write_rows, write_index = rows, index

@@ -206,6 +206,28 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
         assert len({qs for qs, *_ in blocks}) > 2 and any(ks > 0 for _, _, ks, _ in blocks)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3-swa", "mistral-swa"])
+def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokenizer, arch):
+    """CPU steps whose rows hold several queries attend row by row, each row's real queries over
+    only the entries one of them may see (padding queries and unreachable entries left out): the
+    same tokens and step logits as the batched, masked call, with rows of different lengths,
+    shared prefixes, refilled rows and (swa, gemma3) windows smaller than the prompts."""
+    rng = random.Random(11)
+    requests = category_requests(rng, 5)
+    config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
+    fast = make_decoder("hpd", models[arch], tokenizer, config)
+    slow = make_decoder("hpd", models[arch], tokenizer, config)
+    slow.runner.row_attention = False
+    assert fast.runner.row_attention
+    reach = []
+    forward = fast.runner.body.forward
+    fast.runner.body.forward = lambda *a, **k: reach.append(k.get("row_reach")) or forward(*a, **k)
+    assert_same_decoding(fast, slow, requests, rng)
+    ranges = [r for plan in reach if plan for rows in plan.values() for r in rows]
+    assert ranges and any(first > 0 for first, _ in ranges) == (arch in ("qwen3-swa", "mistral-swa", "gemma3"))
+    assert len({last for _, last in ranges}) > 1  # rows of different lengths read different entries
+
+
 def test_prefix_store_keeps_the_most_recently_used():
     from hpd_core.kvcache import Prefix, PrefixStore
 
