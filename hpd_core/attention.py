@@ -16,6 +16,11 @@ rule. The CPU kernel then skips the blocks above the diagonal, and nobody builds
 Sliding-window layers of such a forward take ``bands`` instead (built by the runner): blocks of
 queries, each attending only to the entries its window can reach, through the rule's own mask over
 that band, so a long prompt's prefill costs each query about a window of keys, not the whole row.
+On a CPU, a packed step whose rows hold several queries (HPD's) goes row by row instead
+(``row_queries``, ``row_reach``, from the runner): each row's real queries over the views of its
+keys and values from the first to the last entry one of them may see, so neither the grid's
+padding queries nor the entries outside every query's window are computed; the entries left out
+are masked for all of the row's queries, so the result is the masked call's.
 
 It is registered under ``ENGINE_ATTENTION`` and switched on only around the engine's own forward
 passes (``engine_attention``), so a model shared with other code keeps its configured
