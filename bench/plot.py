@@ -93,6 +93,7 @@ def _header(report: dict, title: str) -> list[str]:
         f"{_prefill(report['decode'])}"
         f"steps {report['decode'].get('step_shape', 'auto')}"
         f"{_graphs(report)}"
+        f"{_compiled(report)}"
         ", shared prefixes "
         f"{'on' if report['decode'].get('prefix_cache', 1) else 'off'} (each timed run prefills its own); timing: {report['timing']['warmup_requests']} warm-up request(s), "
         f"{report['timing']['repeats']} repeat(s), median",
@@ -196,6 +197,14 @@ def plot_sweep(report: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _compiled(report: dict) -> str:
+    """The decoding line's ", layers' MLPs and norms compiled" where ``compile_layers`` compiled them
+    (hpd_core/compiled.py), or "" (eager, or a report from before the option)."""
+    mode, device = report["decode"].get("compile_layers"), str(report.get("model", {}).get("device", ""))
+    compiled = mode == "on" or (mode == "auto" and device.startswith("cuda"))
+    return ", layers' MLPs and norms compiled" if compiled else ""
 
 
 def _graphs(report: dict) -> str:

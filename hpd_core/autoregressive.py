@@ -93,7 +93,8 @@ class AutoregressiveDecoder(BatchedDecoder):
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
         super().__init__(model, tokenizer, config, model_name)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
-                                  cudnn_attention=config.cudnn_attention)
+                                  cudnn_attention=config.cudnn_attention,
+                                  compile_layers=config.compiles(self.device))
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
         self._texts: tuple[str, ...] | None = None  # token_texts, held here: len(tokenizer) is slow

@@ -15,6 +15,7 @@ STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (Deco
 # long products, ~100 rows x 64 slots): past the break-even, the finished values a fixed step still
 # feeds cost more than CUDA graphs save. The baseline (one token a row) was faster fixed at each size.
 PACKED_STEP_FLOPS = 3e13
+COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA (hpd_core/compiled.py)
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # Gemma 3 270M base + the shipped HPD LoRA adapter, see models.py
 DEFAULT_BASE_MODEL = "default-base"  # the same Gemma 3 270M base without the adapter (zero-shot)
@@ -61,6 +62,12 @@ class DecodeConfig:
         an execution plan for each new attention shape (tens to hundreds of milliseconds, cached
         without limit), and the engine's shapes change with every batch. It changes speed (and,
         in 16-bit, rounding), not what is asked.
+    compile_layers: each decoder layer's MLP and RMS norms run through ``torch.compile`` in the
+        engine's forwards (hpd_core/compiled.py): "on", "off", or "auto" (on CUDA only). On an
+        H200 HPD's timed run at 512 long products took 1.17x less time compiled, the same values
+        (session 34); on the 2-core CPU it was within the noise. Compiling takes seconds once per
+        process; steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in
+        16-bit, rounding), not what is asked.
     spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
         leave the product's text is never chosen, and the LM head is computed for the allowed
         tokens only. HPD and its reference.
@@ -80,6 +87,7 @@ class DecodeConfig:
     spans: bool = False
     cuda_graphs: bool = True
     cudnn_attention: bool = False
+    compile_layers: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:
@@ -104,12 +112,20 @@ class DecodeConfig:
             raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         if not isinstance(self.cudnn_attention, bool):
             raise ValueError(f"cudnn_attention must be a bool, got {self.cudnn_attention!r}")
+        if self.compile_layers not in COMPILE_LAYERS:
+            raise ValueError(f"compile_layers must be one of {COMPILE_LAYERS}, got {self.compile_layers!r}")
         if self.prefix_cache < 0:
             raise ValueError(f"prefix_cache must be >= 0, got {self.prefix_cache}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def compiles(self, device) -> bool:
+        """Whether the layers' MLPs and norms are compiled on ``device`` (see ``compile_layers``)."""
+        if self.compile_layers == "auto":
+            return str(device).startswith("cuda")
+        return self.compile_layers == "on"
 
     def fixed_steps(self, device, step_flops: float = 0.0) -> bool:
         """Whether decode steps have fixed shapes on ``device`` (see ``step_shape``), for a batch

@@ -50,7 +50,8 @@ class HPDDecoder(BatchedDecoder):
         super().__init__(model, tokenizer, config, model_name)
         require_token_boundary(tokenizer, config.skeleton)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
-                                  cudnn_attention=config.cudnn_attention)
+                                  cudnn_attention=config.cudnn_attention,
+                                  compile_layers=config.compiles(self.device))
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None

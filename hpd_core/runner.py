@@ -35,6 +35,7 @@ import torch
 
 from hpd_core import masks
 from hpd_core.attention import engine_attention, uses_sdpa
+from hpd_core.compiled import CompiledLayers
 from hpd_core.kvcache import RowCache, Write
 from hpd_core.sampling import select
 
@@ -72,10 +73,13 @@ def row_reach(allowed: torch.Tensor, place: torch.Tensor, A: int) -> list[tuple[
 class ModelRunner:
     """The model split into body (transformer + final norm) and LM head, with explicit masks."""
 
-    def __init__(self, model, tokenizer, prefill_tokens: int = 0, cudnn_attention: bool = False):
+    def __init__(self, model, tokenizer, prefill_tokens: int = 0, cudnn_attention: bool = False,
+                 compile_layers: bool = False):  # fmt: skip
         self.model = model
         self.cudnn_attention = cudnn_attention  # SDPA may use cuDNN's kernels (attention.engine_attention)
         self.body = model.get_decoder()
+        # the layers' MLPs and norms compiled within the engine's forwards (hpd_core/compiled.py)
+        self.compiled = CompiledLayers(self.body) if compile_layers else None
         self.head = model.get_output_embeddings()
         self.device = self.head.weight.device
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
@@ -184,7 +188,7 @@ class ModelRunner:
         cache.write = Write(write_rows, write_index, read_rows, end, kind, b)
         self.passed(kind, ids.numel(), b)
         context = engine_attention(self.body.config, self.cudnn_attention) if self.engine_sdpa else nullcontext()
-        with context:
+        with context, self.compiled.active() if self.compiled is not None else nullcontext():
             out = self.body(
                 input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs
             ).last_hidden_state

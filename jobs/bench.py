@@ -37,7 +37,7 @@ from bench.report import report_header
 from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
-from hpd_core.config import ATTENTION, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
+from hpd_core.config import ATTENTION, COMPILE_LAYERS, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
 from hpd_core.models import emulated_dtype_warning, resolve_dtype
 
 
@@ -108,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
                    help="both decoders' attention may use cuDNN's kernels on a GPU (default: off; the warm-up builds "
                    "the timed runs' plans, so this measures the kernels, not the plan builds)")
+    d.add_argument("--compile-layers", choices=COMPILE_LAYERS, default=DecodeConfig.compile_layers,
+                   help="both decoders' layer MLPs and norms through torch.compile: on, off, auto (on CUDA only; the "
+                   "warm-up run compiles; default %(default)s)")
     d.add_argument("--spans", action="store_true",
                    help="both decoders decode values as spans of their product's text (records runs; default: off)")
     t = parser.add_argument_group("timing")
@@ -157,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
         prefill_tokens=args.prefill_tokens,
         step_shape=args.step_shape, prefix_cache=args.prefix_cache, skeleton=args.skeleton, spans=args.spans,
-        cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention,
+        cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention, compile_layers=args.compile_layers,
     )  # fmt: skip
     timing = TimingConfig(warmup_requests=args.warmup_requests, repeats=args.repeats, matmul_size=args.matmul_size)
     out = Path(args.out)

@@ -56,7 +56,7 @@ def _nested(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs", "cudnn_attention")  # DecodeConfig fields left out of a run's identity
+SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs", "cudnn_attention", "compile_layers")  # DecodeConfig fields left out of a run's identity
 
 
 def run_id_for(arguments: dict) -> str:
@@ -106,7 +106,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
     decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton,
-                                   batch_token_budget=args.batch_token_budget, step_shape=args.step_shape), spans=args.spans,
+                                   batch_token_budget=args.batch_token_budget, step_shape=args.step_shape,
+                                   compile_layers=args.compile_layers), spans=args.spans,
                           cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention)
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
     failures = tuple(map(parse_failure, args.dry_run_fail or ()))

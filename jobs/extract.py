@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from hpd_core.config import DEFAULT_MODEL, SKELETONS, STEP_SHAPES, DecodeConfig, ModelConfig
+from hpd_core.config import COMPILE_LAYERS, DEFAULT_MODEL, SKELETONS, STEP_SHAPES, DecodeConfig, ModelConfig
 from jobs import CommandFailed, stop_cleanly_on_sigterm
 from pipelines.dryrun import FAILURE_MODES, DryRunConfig
 from pipelines.reader import ReadConfig
@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
                         help="let attention use cuDNN's kernels on a GPU; off by default: cuDNN builds a plan for every new "
                         "attention shape and the engine's shapes change with every batch; changes speed (in bf16 also the rounding)")
+    parser.add_argument("--compile-layers", choices=COMPILE_LAYERS,
+                        help="run each layer's MLP and norms through torch.compile: on, off, auto (on a GPU only; compiling "
+                        "takes seconds once per actor); changes speed (in bf16 also the rounding) (default: auto)")
     parser.add_argument("--spans", action="store_true",
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only) (default: off)")

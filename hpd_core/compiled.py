@@ -1,0 +1,90 @@
+"""Each decoder layer's MLP and RMS norms through ``torch.compile`` (``DecodeConfig.compile_layers``).
+
+What a compiler fuses in a transformer's forward is its element-wise work: an RMS norm (square,
+mean, reciprocal square root, two products, casts) and a gated MLP's activation and product between
+its projections are each one kernel compiled against many eager ones, each of which reads and writes
+the whole activation. Attention stays the engine's own (hpd_core/attention.py: its indexing would be
+broken into pieces), and the linear layers stay cuBLAS's (or the CPU's) matrix products.
+
+Measured (``scripts/compile_ab.py``, HPD's timed run eager against compiled, alternating in one
+process): on an H200 at 512 long products (Qwen3-8B's shape, random bf16 weights, packed steps,
+session 34) compiled 18.35-20.29 s against eager 20.90-21.77 s, median 1.17x, the values of all
+128 prompts identical; on the 2-core AMD EPYC CPU (session 33) within the noise, with 4 of 16
+prompts' bf16 values changed. So ``"auto"`` compiles on CUDA only.
+
+``CompiledLayers`` compiles each piece's forward once (``dynamic=True``: one graph for every token
+count) and swaps the compiled forwards in only around the engine's own forward passes (``active``),
+as ``attention.engine_attention`` does for attention, so a model shared with other code keeps its
+eager modules. While a CUDA graph is being recorded (hpd_core/graphs.py) the pieces run eagerly: a
+compiled kernel's first launch may tune itself by running, which a capture would record. If
+compiling fails (no compiler for the device, an operator the compiler does not take), the failure is
+logged once and the pieces run eagerly for good: the same arithmetic, unfused.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def layer_pieces(body) -> list[torch.nn.Module]:
+    """Each decoder layer's MLP and RMS norms (the attention's query and key norms included), from
+    the model's body (``model.get_decoder()``: the module that holds ``layers``)."""
+    pieces = []
+    for layer in body.layers:
+        for name, module in layer.named_children():
+            if name == "mlp" or name.endswith("norm"):
+                pieces.append(module)
+        attn = getattr(layer, "self_attn", None)
+        for name in ("q_norm", "k_norm"):  # Qwen3, Gemma 3
+            if attn is not None and getattr(attn, name, None) is not None:
+                pieces.append(getattr(attn, name))
+    return pieces
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class CompiledLayers:
+    """The model's layer pieces (``layer_pieces``) with compiled forwards, switched on by ``active``."""
+
+    def __init__(self, body, backend="inductor"):
+        self.modules = layer_pieces(body)
+        self.eager = [m.forward for m in self.modules]
+        self.own = ["forward" in m.__dict__ for m in self.modules]  # an instance's own forward, put back
+        self.failed = False  # compiling failed once: eager from then on
+        self.forwards = [self._guarded(torch.compile(f, dynamic=True, backend=backend), f) for f in self.eager]
+
+    def _guarded(self, compiled, eager):
+        def forward(*args, **kwargs):
+            if self.failed or _capturing():
+                return eager(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException as error:  # a backend's failure is one
+                self.failed = True
+                log.warning("compiling the layers' MLPs and norms failed, they run eagerly (same arithmetic, "
+                            "slower): %s", str(error).splitlines()[0] if str(error) else type(error).__name__)  # fmt: skip
+                return eager(*args, **kwargs)
+
+        return forward
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Within the block the pieces run their compiled forwards; their own ones after it."""
+        for module, forward in zip(self.modules, self.forwards):
+            module.forward = forward
+        try:
+            yield
+        finally:
+            for module, eager, own in zip(self.modules, self.eager, self.own):
+                if own:
+                    module.forward = eager
+                else:
+                    del module.forward  # the class's forward again

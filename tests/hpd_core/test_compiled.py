@@ -1,0 +1,109 @@
+"""hpd_core/compiled.py: which pieces are compiled, that they are compiled only within the engine's
+forwards, that compiled decoding equals eager decoding (float32, CPU), and the fallback to eager
+when compiling fails. (On CUDA, where ``compile_layers="auto"`` compiles, the GPU tests of
+test_session.py and test_graphs.py run compiled.)"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+from hpd_core.autoregressive import AutoregressiveDecoder
+from hpd_core.compiled import CompiledLayers, layer_pieces
+from hpd_core.config import DecodeConfig
+from hpd_core.decoders import make_decoder
+from hpd_core.reference import AutoregressiveReference, ReferenceDecoder
+
+from .conftest import parts_at_a_tie, random_request, slots_part_at_a_tie
+
+
+def test_the_pieces_are_each_layers_mlp_and_norms(models):
+    model = models["qwen3"]
+    body = model.get_decoder()
+    pieces = layer_pieces(body)
+    layer = body.layers[0]
+    expected = {layer.mlp, layer.input_layernorm, layer.post_attention_layernorm, layer.self_attn.q_norm,
+                layer.self_attn.k_norm}  # fmt: skip
+    assert expected <= set(pieces)
+    assert len(pieces) == len(expected) * len(body.layers)
+    assert not any(isinstance(m, torch.nn.Linear) or m is layer.self_attn for m in pieces)
+    gemma = models["gemma3"].get_decoder().layers[0]  # four norms around attention and MLP, plus q/k norms
+    assert {gemma.pre_feedforward_layernorm, gemma.post_feedforward_layernorm} <= set(layer_pieces(models["gemma3"].get_decoder()))
+
+
+def test_compiled_forwards_only_within_active(models):
+    body = models["llama"].get_decoder()
+    compiled = CompiledLayers(body)
+    mlp = body.layers[0].mlp
+    assert "forward" not in mlp.__dict__
+    with compiled.active():
+        assert mlp.forward is compiled.forwards[0]
+    assert "forward" not in mlp.__dict__  # the class's forward again, nothing left on the module
+
+
+def test_the_engines_forwards_go_through_the_compiler(models, tokenizer):
+    """With a backend that records what it is given, decoding hands the compiler the MLP and the
+    norms (each one graph: dynamic shapes, no recompiling per token count) and no attention."""
+    graphs = []
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    decoder = make_decoder("hpd", models["qwen3"], tokenizer, DecodeConfig(max_value_tokens=6))
+    decoder.runner.compiled = CompiledLayers(decoder.runner.body, backend=recording_backend)
+    decoder.decode([random_request(random.Random(60 + i), 3, 3) for i in range(3)])
+    ops = {str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function"}
+    assert graphs and len(graphs) <= 4, len(graphs)  # the MLP, the norms (their shapes vary), not one per step
+    assert any("silu" in op for op in ops) and any("rsqrt" in op for op in ops)
+    assert not any("scaled_dot_product_attention" in op for op in ops)
+
+
+def test_config_compiles_on_cuda_by_default():
+    assert DecodeConfig().compiles("cuda:0") and not DecodeConfig().compiles("cpu")
+    assert DecodeConfig(compile_layers="on").compiles("cpu")
+    assert not DecodeConfig(compile_layers="off").compiles("cuda")
+    with pytest.raises(ValueError, match="compile_layers"):
+        DecodeConfig(compile_layers=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_compiled_decoding_equals_the_oracle(models, tokenizer, arch):
+    """compile_layers="on" on the CPU, float32: HPD (packed and fixed steps) and the baseline ==
+    their oracles, token for token or parting at a float32 tie."""
+    model = models[arch]
+    requests = [random_request(random.Random(40 + i), 3, 3) for i in range(3)]
+    for step_shape in ("packed", "fixed"):
+        config = DecodeConfig(max_value_tokens=6, max_batch_size=2, compile_layers="on", step_shape=step_shape)
+        hpd = make_decoder("hpd", model, tokenizer, config)
+        assert hpd.runner.compiled is not None
+        reference = ReferenceDecoder(model, tokenizer, config)
+        for request, a, b in zip(requests, hpd.decode(requests), reference.decode(requests)):
+            slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
+        assert not hpd.runner.compiled.failed
+    ar = AutoregressiveDecoder(model, tokenizer, config)
+    ar_reference = AutoregressiveReference(model, tokenizer, config)
+    for request, a, b in zip(requests, ar.decode(requests), ar_reference.decode(requests)):
+        parts_at_a_tie(model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
+
+
+def test_a_failed_compile_falls_back_to_eager(models, tokenizer, caplog):
+    """A backend that fails: logged once, the pieces run eagerly, the tokens are the eager ones."""
+
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    model = models["llama"]
+    requests = [random_request(random.Random(50), 3, 3)]
+    eager = make_decoder("hpd", model, tokenizer, DecodeConfig(max_value_tokens=6)).decode(requests)
+    decoder = make_decoder("hpd", model, tokenizer, DecodeConfig(max_value_tokens=6))
+    decoder.runner.compiled = CompiledLayers(decoder.runner.body, backend=failing_backend)
+    with caplog.at_level(logging.WARNING, logger="hpd_core.compiled"):
+        results = decoder.decode(requests)
+    assert decoder.runner.compiled.failed
+    assert sum("run eagerly" in r.getMessage() for r in caplog.records) == 1
+    assert [r.extra["slot_tokens"] for r in results] == [r.extra["slot_tokens"] for r in eager]
