@@ -81,21 +81,21 @@ def engine_sdpa(
         ]  # fmt: skip
         return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
-    if unpack is not None:
-        flat = query.new_zeros(rows * queries, heads, query.shape[3])
-        flat[unpack] = query[0].transpose(0, 1)
-        query = flat.view(rows, queries, heads, -1).transpose(1, 2)
+    if unpack is not None:  # each packed query into its (row, column) of a (rows, H, A, D) grid
+        row, column = unpack // queries, unpack % queries
+        grid = query.new_zeros(rows, heads, queries, query.shape[3])
+        grid[row, :, column] = query[0].transpose(0, 1)
+        query = grid
     if window is not None:  # a sliding layer in a causal forward: each query block over its band
         out = query.new_zeros(rows, heads, queries, value.shape[3])
         for qs, qe, ks, band_mask in bands[window]:
             out[:, :, qs:qe] = sdpa(query[:, :, qs:qe], key[:, :, ks:qe], value[:, :, ks:qe], band_mask, dropout, scaling)
-        out = out.transpose(1, 2)
+        out = out.view(rows, key.shape[1], heads // key.shape[1], queries, -1)
     else:
-        out = sdpa(query, key, value, attention_mask, dropout, scaling, causal=causal_width is not None)
-        out = out.transpose(1, 2)  # (rows, A, H, Dv)
-    if unpack is not None:
-        out = out.reshape(rows * queries, heads, -1)[unpack].unsqueeze(0)
-    return out, None
+        out = grouped_sdpa(query, key, value, attention_mask, dropout, scaling, causal=causal_width is not None)
+    if unpack is not None:  # the packed queries' outputs gathered straight from the grouped result
+        return out[row, :, :, column].reshape(1, row.numel(), heads, -1), None
+    return out.reshape(rows, heads, queries, -1).transpose(1, 2), None  # (rows, A, H, Dv)
 
 
 def sdpa(
@@ -107,7 +107,22 @@ def sdpa(
     scale: float | None = None,
     causal: bool = False,
 ) -> torch.Tensor:
-    """``scaled_dot_product_attention`` (rows, H, Q, Dv) for grouped-query attention, K/V never
+    """``grouped_sdpa`` as (rows, H, Q, Dv)."""
+    out = grouped_sdpa(query, key, value, mask, dropout, scale, causal)
+    return out.reshape(query.shape[0], query.shape[1], query.shape[2], -1)
+
+
+def grouped_sdpa(
+    query: torch.Tensor,  # (rows, H, Q, D)
+    key: torch.Tensor,  # (rows, H_kv, C, D), H a multiple of H_kv
+    value: torch.Tensor,  # (rows, H_kv, C, Dv)
+    mask: torch.Tensor | None,  # (rows, 1, Q, C) additive, or None
+    dropout: float = 0.0,
+    scale: float | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` (rows, H_kv, G, Q, Dv), a view of what the kernel wrote
+    (head h = H_kv head h // G, G = H / H_kv), for grouped-query attention, K/V never
     repeated. Without a mask SDPA's ``enable_gqa`` does it. With a mask, SDPA's fused CUDA kernels
     refuse ``enable_gqa`` (memory-efficient and cuDNN want equal head counts, flash takes no mask)
     and PyTorch falls back to its math kernel, which writes every (row, head, query, entry) score;
@@ -117,18 +132,19 @@ def sdpa(
     ``enable_gqa``'s, the call alone about 15% faster (8 rows, 32 query / 8 K/V heads, 64 queries,
     1200 entries), and HPD on the default model as fast as before end to end."""
     rows, heads, queries, dim = query.shape
-    groups = heads // key.shape[1]
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
     if mask is None or groups == 1 or mask.shape[1] != 1:
-        return F.scaled_dot_product_attention(
+        out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale, is_causal=causal, enable_gqa=groups > 1
         )
+        return out.view(rows, kv_heads, groups, queries, -1)
     if causal:
         raise ValueError("a causal forward takes no mask")
-    kv_heads = key.shape[1]
     folded = query.reshape(rows, kv_heads, groups * queries, dim)  # head h = kv head h // G, as repeat_kv
     folded_mask = mask.expand(rows, groups, queries, mask.shape[3]).reshape(rows, 1, groups * queries, -1)
     out = F.scaled_dot_product_attention(folded, key, value, attn_mask=folded_mask, dropout_p=dropout, scale=scale)
-    return out.view(rows, kv_heads, groups, queries, -1).reshape(rows, heads, queries, -1)
+    return out.view(rows, kv_heads, groups, queries, -1)
 
 
 def _register() -> None:

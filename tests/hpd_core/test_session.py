@@ -162,6 +162,25 @@ def test_packed_grouped_attention_equals_repeated_kv(heads, kv_heads):
         torch.testing.assert_close(out[0, i], expected[:, 0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 4)])
+def test_packed_attention_is_the_padded_call_exactly(heads, kv_heads):
+    """Packed queries (placed into the grid, outputs gathered back from the grouped result) give
+    bit for bit the padded call's outputs at their places: the packing only moves data."""
+    torch.manual_seed(2)
+    rows, A, C, D = 3, 4, 9, 8
+    counts = [4, 1, 3]
+    place = torch.tensor([r * A + c for r, n in enumerate(counts) for c in range(n)])
+    padded = torch.randn(rows, heads, A, D)
+    query = padded.transpose(1, 2).reshape(rows * A, heads, D)[place].transpose(0, 1)[None]  # (1, H, N, D)
+    key, value = torch.randn(rows, kv_heads, C, D), torch.randn(rows, kv_heads, C, D)
+    allowed = torch.rand(rows, 1, A, C) > 0.4
+    allowed[..., 0] = True
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    packed, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=place)
+    full, _ = engine_sdpa(None, padded, key, value, mask, scaling=0.3)  # (rows, A, H, D)
+    assert torch.equal(packed[0], full.reshape(rows * A, heads, D)[place])
+
+
 def test_causal_attention_is_the_index_rule():
     """engine_sdpa's causal mode (queries at their own index, no mask) == the masked call with the
     mask "entry index <= query index"."""
