@@ -359,6 +359,9 @@ def test_the_batch_token_budget_sets_speed_not_the_runs_identity(no_ray, tmp_pat
     auto, big = config(), config("--batch-token-budget", 262144)
     assert auto.extract.decode.batch_token_budget == 0 and big.extract.decode.batch_token_budget == 262144
     assert auto.extract.run_id == big.extract.run_id
+    compiled = config("--compile-layers", "on")  # speed only too
+    assert compiled.extract.decode.compile_layers == "on" and auto.extract.decode.compile_layers == "auto"
+    assert compiled.extract.run_id == auto.extract.run_id
     assert config("--max-value-tokens", 12).extract.run_id != auto.extract.run_id
     assert run_extract(extract_args(SAMPLE, tmp_path / "out", "--batch-token-budget", -1)) == 2
     assert "--batch-token-budget" in capsys.readouterr().err
