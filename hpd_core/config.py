@@ -64,7 +64,7 @@ class DecodeConfig:
         in 16-bit, rounding), not what is asked.
     compile_layers: each decoder layer's MLP and RMS norms run through ``torch.compile`` in the
         engine's forwards (hpd_core/compiled.py): "on", "off", or "auto" (on CUDA only). On an
-        H200 HPD's timed run at 512 long products took 1.17x less time compiled, the same values
+        H200 HPD's timed run at 512 long products ran 1.17x faster compiled, with the same values
         (session 34); on the 2-core CPU it was within the noise. Compiling takes seconds once per
         process; steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in
         16-bit, rounding), not what is asked.
