@@ -323,7 +323,8 @@ def test_hpd_asks_for_the_step_shape_of_its_batch_matrix_work(models, tokenizer,
 @pytest.mark.parametrize("step_shape", ["auto", "packed"])
 def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
     """On CUDA, float32, with fixed steps (auto, for small batches) and packed ones (what auto
-    picks for heavy batches): HPD and the baseline == their CPU oracles."""
+    picks for heavy batches), the layers' MLPs and norms compiled (compile_layers="auto"; steps
+    recorded as CUDA graphs keep them eager): HPD and the baseline == their CPU oracles."""
     from .conftest import parts_at_a_tie, slots_part_at_a_tie, tiny_model
 
     rng = random.Random(30)
@@ -334,11 +335,15 @@ def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
     assert config.fixed_steps("cuda") == (step_shape == "auto")
     # each pair the same tokens, or parting at a float32 tie in the oracle's logits (else these fail)
     reference = make_decoder("reference", cpu_model, tokenizer, config)
-    gpu = make_decoder("hpd", gpu_model, tokenizer, config).decode(requests)
+    hpd = make_decoder("hpd", gpu_model, tokenizer, config)
+    gpu = hpd.decode(requests)
+    assert hpd.runner.compiled is not None and not hpd.runner.compiled.failed
     for request, a, b in zip(requests, gpu, reference.decode(requests)):
         slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
     ar_reference = AutoregressiveReference(cpu_model, tokenizer, config)
-    ar_gpu = AutoregressiveDecoder(gpu_model, tokenizer, config).decode(requests)
+    ar = AutoregressiveDecoder(gpu_model, tokenizer, config)
+    ar_gpu = ar.decode(requests)
+    assert ar.runner.compiled is not None and not ar.runner.compiled.failed
     for request, a, b in zip(requests, ar_gpu, ar_reference.decode(requests)):
         parts_at_a_tie(cpu_model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
 
