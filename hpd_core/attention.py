@@ -98,18 +98,9 @@ def engine_sdpa(
     return out.reshape(rows, heads, queries, -1).transpose(1, 2), None  # (rows, A, H, Dv)
 
 
-def sdpa(
-    query: torch.Tensor,  # (rows, H, Q, D)
-    key: torch.Tensor,  # (rows, H_kv, C, D), H a multiple of H_kv
-    value: torch.Tensor,  # (rows, H_kv, C, Dv)
-    mask: torch.Tensor | None,  # (rows, 1, Q, C) additive, or None
-    dropout: float = 0.0,
-    scale: float | None = None,
-    causal: bool = False,
-) -> torch.Tensor:
-    """``grouped_sdpa`` as (rows, H, Q, Dv)."""
-    out = grouped_sdpa(query, key, value, mask, dropout, scale, causal)
-    return out.reshape(query.shape[0], query.shape[1], query.shape[2], -1)
+def sdpa(query: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """``grouped_sdpa``'s result as (rows, H, Q, Dv)."""
+    return grouped_sdpa(query, *args, **kwargs).reshape(*query.shape[:3], -1)
 
 
 def grouped_sdpa(
