@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpd_core.config import DecodeConfig
+
 ROWS = (  # (label, key, format)
     ("products/s", "products_per_s", "{:.3f}"),
     ("generated tokens/s", "generated_tokens_per_s", "{:.1f}"),
@@ -203,7 +205,7 @@ def _compiled(report: dict) -> str:
     """The decoding line's ", layers' MLPs and norms compiled" where ``compile_layers`` compiled them
     (hpd_core/compiled.py), or "" (eager, or a report from before the option)."""
     mode, device = report["decode"].get("compile_layers"), str(report.get("model", {}).get("device", ""))
-    compiled = mode == "on" or (mode == "auto" and device.startswith("cuda"))
+    compiled = mode is not None and DecodeConfig(compile_layers=mode).compiles(device)
     return ", layers' MLPs and norms compiled" if compiled else ""
 
 
