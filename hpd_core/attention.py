@@ -7,7 +7,7 @@ calls ``scaled_dot_product_attention`` with the mask and K/V as they are (``sdpa
 that share a K/V head folded into the query axis, since the fused CUDA kernels take no mask with
 ``enable_gqa``). It also takes *packed* queries: the linear layers then run on the step's real
 tokens only, ``(1, N)``, with no padding, and attention unpacks them to ``(rows, A)`` against each
-row's cache (``unpack``: the flat ``row * A + column`` place of each packed token).
+row's cache (``unpack``: the (row, column) of each packed token in that grid).
 
 A forward whose queries each see exactly the cache entries up to their own index (a prefill: every
 entry before it present, in position order; ``causal_width``) needs no mask at all: the queries
@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from hpd_core.words import word
+
 ENGINE_ATTENTION = "hpd_sdpa"
 WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # SDPA keeps its own order
 
@@ -54,12 +56,13 @@ def engine_sdpa(
     attention_mask: torch.Tensor,  # (rows, 1, A, C) additive float
     dropout: float = 0.0,
     scaling: float | None = None,
-    unpack: torch.Tensor | None = None,  # (N,) flat place of each packed query in (rows, A)
+    unpack: tuple[torch.Tensor, torch.Tensor] | None = None,  # (row, column) of each packed query, (N,) each
     causal_width: int | None = None,  # causal forward: the grid is (rows, width), query at its own index
     layer_windows: tuple[int | None, ...] | None = None,  # causal forward: each layer's window
     bands: dict | None = None,  # causal forward: per window, [(first query, end, first entry, mask)]
     row_queries: list[tuple[int, int]] | None = None,  # packed: per row, (first packed query, count)
     row_reach: dict | None = None,  # with row_queries: per window, per row [first, last + 1) entry read
+    folded: bool = False,  # the mask is already folded for grouped-query attention (``fold_mask``)
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Returns the attention output as (rows, A, H, Dv), or (1, N, H, Dv) for packed queries."""
@@ -71,8 +74,10 @@ def engine_sdpa(
             raise ValueError("a causal forward takes packed queries over all of its rows' entries")
         rows, queries, attention_mask = key.shape[0], causal_width, None
     else:
-        rows, queries = attention_mask.shape[0], attention_mask.shape[2]
+        rows, queries = attention_mask.shape[0], attention_mask.shape[2] // (heads // key.shape[1] if folded else 1)
     if row_queries is not None and causal_width is None:  # row by row, real queries over reachable entries
+        if folded:
+            raise ValueError("row-by-row attention takes the mask unfolded")
         reach = row_reach[layer_windows[module.layer_idx]]
         parts = [
             sdpa(query[:, :, qs : qs + n], key[i : i + 1, :, ks:ke], value[i : i + 1, :, ks:ke],
@@ -82,9 +87,11 @@ def engine_sdpa(
         return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
     if unpack is not None:  # each packed query into its (row, column) of a (rows, H, A, D) grid
-        row, column = unpack // queries, unpack % queries
+        row, column = unpack
         grid = query.new_zeros(rows, heads, queries, query.shape[3])
-        grid[row, :, column] = query[0].transpose(0, 1)
+        packed = query[0].transpose(0, 1)
+        w = word(grid, packed)  # copied in whole words: hpd_core/words.py
+        grid.view(w)[row, :, column] = packed.view(w)
         query = grid
     if window is not None:  # a sliding layer in a causal forward: each query block over its band
         out = query.new_zeros(rows, heads, queries, value.shape[3])
@@ -92,9 +99,11 @@ def engine_sdpa(
             out[:, :, qs:qe] = sdpa(query[:, :, qs:qe], key[:, :, ks:qe], value[:, :, ks:qe], band_mask, dropout, scaling)
         out = out.view(rows, key.shape[1], heads // key.shape[1], queries, -1)
     else:
-        out = grouped_sdpa(query, key, value, attention_mask, dropout, scaling, causal=causal_width is not None)
+        out = grouped_sdpa(query, key, value, attention_mask, dropout, scaling, causal=causal_width is not None,
+                           folded=folded)  # fmt: skip
     if unpack is not None:  # the packed queries' outputs gathered straight from the grouped result
-        return out[row, :, :, column].reshape(1, row.numel(), heads, -1), None
+        w = word(out)
+        return out.view(w)[row, :, :, column].view(out.dtype).reshape(1, row.numel(), heads, -1), None
     return out.reshape(rows, heads, queries, -1).transpose(1, 2), None  # (rows, A, H, Dv)
 
 
@@ -107,10 +116,11 @@ def grouped_sdpa(
     query: torch.Tensor,  # (rows, H, Q, D)
     key: torch.Tensor,  # (rows, H_kv, C, D), H a multiple of H_kv
     value: torch.Tensor,  # (rows, H_kv, C, Dv)
-    mask: torch.Tensor | None,  # (rows, 1, Q, C) additive, or None
+    mask: torch.Tensor | None,  # (rows, 1, Q, C) additive, or None; (rows, 1, G x Q, C) if folded
     dropout: float = 0.0,
     scale: float | None = None,
     causal: bool = False,
+    folded: bool = False,  # the mask is ``fold_mask``'s already (once per forward, not per layer)
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` (rows, H_kv, G, Q, Dv), a view of what the kernel wrote
     (head h = H_kv head h // G, G = H / H_kv), for grouped-query attention, K/V never
@@ -121,10 +131,13 @@ def grouped_sdpa(
     G x Q, D), with the mask repeated along it: the same arithmetic, and no K/V copy
     (tests/hpd_core/test_attention.py). On the 2-core CPU the outputs came out identical to
     ``enable_gqa``'s, the call alone about 15% faster (8 rows, 32 query / 8 K/V heads, 64 queries,
-    1200 entries), and HPD on the default model as fast as before end to end."""
+    1200 entries), and HPD on the default model as fast as before end to end. The folded mask is the
+    same for every layer: the runner folds it once per forward (``folded``)."""
     rows, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
+    if folded and (mask is None or groups == 1 or mask.shape[2] != groups * queries):
+        raise ValueError("a folded mask is (rows, 1, G x Q, C) for G > 1 query heads per K/V head")
     if mask is None or groups == 1 or mask.shape[1] != 1:
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale, is_causal=causal, enable_gqa=groups > 1
@@ -132,10 +145,17 @@ def grouped_sdpa(
         return out.view(rows, kv_heads, groups, queries, -1)
     if causal:
         raise ValueError("a causal forward takes no mask")
-    folded = query.reshape(rows, kv_heads, groups * queries, dim)  # head h = kv head h // G, as repeat_kv
-    folded_mask = mask.expand(rows, groups, queries, mask.shape[3]).reshape(rows, 1, groups * queries, -1)
-    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=folded_mask, dropout_p=dropout, scale=scale)
+    folded_query = query.reshape(rows, kv_heads, groups * queries, dim)  # head h = kv head h // G, as repeat_kv
+    folded_mask = mask if folded else fold_mask(mask, groups)
+    out = F.scaled_dot_product_attention(folded_query, key, value, attn_mask=folded_mask, dropout_p=dropout, scale=scale)
     return out.view(rows, kv_heads, groups, queries, -1)
+
+
+def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """An additive (rows, 1, Q, C) mask for ``grouped_sdpa``'s folded queries: (rows, 1, G x Q, C),
+    folded query g x Q + q masked as query q (a copy: G x the mask's memory)."""
+    rows, _, queries, entries = mask.shape
+    return mask.expand(rows, groups, queries, entries).reshape(rows, 1, groups * queries, entries)
 
 
 def _register() -> None:

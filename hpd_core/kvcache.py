@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hpd_core.words import word
+
 
 @dataclass
 class Write:
@@ -84,11 +86,14 @@ class RowCache:
         w = self.write
         keys, values = self.layer(layer_idx, key.shape[1], key.shape[3], value.shape[3], key)
         self.zero_to(layer_idx, w.end)  # before the writes: entries beyond the old mark hold nothing yet
-        keys[w.rows, :, w.index] = key.transpose(1, 2).reshape(-1, key.shape[1], key.shape[3])
-        values[w.rows, :, w.index] = value.transpose(1, 2).reshape(-1, value.shape[1], value.shape[3])
+        # the index copies move whole words (hpd_core/words.py): the same bits, fewer elements
+        for store, new in ((keys, key), (values, value)):
+            new = new.transpose(1, 2).reshape(-1, new.shape[1], new.shape[3])
+            at = word(store, new)
+            store.view(at)[w.rows, :, w.index] = new.view(at)
         if w.read_rows is None:
             return keys[:, :, : w.end], values[:, :, : w.end]
-        return keys[w.read_rows, :, : w.end], values[w.read_rows, :, : w.end]
+        return tuple(t.view(word(t))[w.read_rows, :, : w.end].view(t.dtype) for t in (keys, values))
 
     def layer(self, layer: int, kv_heads: int, key_dim: int, value_dim: int, like: torch.Tensor):
         """The layer's (keys, values), allocated at its first use."""

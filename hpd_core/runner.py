@@ -34,7 +34,7 @@ from typing import Iterator
 import torch
 
 from hpd_core import masks
-from hpd_core.attention import engine_attention, uses_sdpa
+from hpd_core.attention import engine_attention, fold_mask, uses_sdpa
 from hpd_core.compiled import CompiledLayers
 from hpd_core.kvcache import RowCache, Write
 from hpd_core.sampling import select
@@ -89,6 +89,8 @@ class ModelRunner:
             raise ValueError("attention 'flex_attention' is for CUDA devices: on a CPU, PyTorch 2.13's compiled "
                              "FlexAttention kernel fails to build for the engine's block masks; load the model with 'sdpa'")
         self.engine_sdpa = uses_sdpa(self.body.config)
+        heads = self.body.config.num_attention_heads
+        self.groups = heads // (getattr(self.body.config, "num_key_value_heads", None) or heads)  # query heads per K/V head
         self.body_parameters = body_parameters(model)  # matrix work per query token: 2 x this
         self.vocab_size = self.head.weight.shape[0]
         self.pad_id = tokenizer.pad_token_id
@@ -113,9 +115,15 @@ class ModelRunner:
     def new_cache(self, rows: int, capacity: int) -> RowCache:
         return RowCache(rows, capacity, self.device)
 
-    def mask(self, rule):
-        """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule."""
-        convert = masks.block_mask if self.flex else (lambda allowed: masks.additive(allowed, self.dtype))
+    def mask(self, rule, fold: bool = False):
+        """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule;
+        ``fold``: additive masks folded for grouped-query attention (``attention.fold_mask``)."""
+        if self.flex:
+            convert = masks.block_mask
+        elif fold:
+            convert = lambda allowed: fold_mask(masks.additive(allowed, self.dtype), self.groups)  # noqa: E731
+        else:
+            convert = lambda allowed: masks.additive(allowed, self.dtype)  # noqa: E731
         return masks.for_layers(self.windows, lambda window: convert(rule(window)))
 
     def forward(
@@ -143,7 +151,8 @@ class ModelRunner:
             b, A = read_rows.numel(), int(counts.max())
             starts = torch.cumsum(counts, 0) - counts
             group = torch.repeat_interleave(torch.arange(b, device=rows.device), counts)
-            place = group * A + torch.arange(rows.numel(), device=rows.device) - starts[group]  # (N,) in (b, A)
+            column = torch.arange(rows.numel(), device=rows.device) - starts[group]
+            place = group * A + column  # (N,) flat in (b, A)
             if b == cache.rows and bool((read_rows == torch.arange(b, device=rows.device)).all()):
                 read_rows = None
         packed = self.engine_sdpa and place is not None
@@ -153,7 +162,7 @@ class ModelRunner:
             # can reach, through the rule's mask over that band
             unused = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device)
             mask = masks.for_layers(self.windows, lambda window: unused)
-            kwargs = {"unpack": group * end + index, "causal_width": end}
+            kwargs = {"unpack": (group, index), "causal_width": end}
             if any(window is not None for window in self.layer_window):
                 keys = cache.keys_of(read_rows, end)
                 kwargs["layer_windows"] = self.layer_window
@@ -173,8 +182,13 @@ class ModelRunner:
                     reach[window] = row_reach(allowed, place, A)
                 return allowed
 
-            mask = self.mask(rule)
-            kwargs = {"unpack": place}
+            # grouped-query attention folds the query heads of a K/V head into the query axis
+            # (attention.grouped_sdpa): its mask is folded here once, for all layers
+            fold = self.engine_sdpa and self.groups > 1 and not by_row
+            mask = self.mask(rule, fold)
+            kwargs = {"folded": True} if fold else {}
+            if packed:
+                kwargs["unpack"] = (group, column)
             if by_row:
                 kwargs |= {"row_queries": list(zip(starts.tolist(), counts.tolist())), "row_reach": reach,
                            "layer_windows": self.layer_window}  # fmt: skip
@@ -182,7 +196,7 @@ class ModelRunner:
             ids, positions = tokens[None], pos[None]
             write_rows, write_index = rows, index
         else:
-            ids, positions, kwargs = self._grid(tokens, b, A, place, self.pad_id), grid_pos, {}
+            ids, positions = self._grid(tokens, b, A, place, self.pad_id), grid_pos
             write_rows = (read_rows if read_rows is not None else torch.arange(b, device=rows.device))
             write_rows, write_index = write_rows.repeat_interleave(A), grid_index.reshape(-1)
         cache.write = Write(write_rows, write_index, read_rows, end, kind, b)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpd_core.attention import engine_sdpa
+from hpd_core.attention import engine_sdpa, fold_mask
 from hpd_core.autoregressive import AutoregressiveDecoder
 from hpd_core.config import DecodeConfig
 from hpd_core.decoders import make_decoder
@@ -152,7 +152,7 @@ def test_packed_grouped_attention_equals_repeated_kv(heads, kv_heads):
     allowed = torch.rand(rows, 1, A, C) > 0.4
     allowed[..., 0] = True
     mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
-    out, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=place)
+    out, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=(place // A, place % A))
     rep = heads // kv_heads
     for i, p in enumerate(place.tolist()):
         r, c = divmod(p, A)
@@ -176,9 +176,15 @@ def test_packed_attention_is_the_padded_call_exactly(heads, kv_heads):
     allowed = torch.rand(rows, 1, A, C) > 0.4
     allowed[..., 0] = True
     mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
-    packed, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=place)
+    packed, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=(place // A, place % A))
     full, _ = engine_sdpa(None, padded, key, value, mask, scaling=0.3)  # (rows, A, H, D)
     assert torch.equal(packed[0], full.reshape(rows * A, heads, D)[place])
+    if heads > kv_heads:  # the mask folded once (by the runner, for all layers) gives the same bits
+        folded = fold_mask(mask, heads // kv_heads)
+        again, _ = engine_sdpa(None, query, key, value, folded, scaling=0.3, unpack=(place // A, place % A), folded=True)
+        assert torch.equal(again, packed)
+        padded_again, _ = engine_sdpa(None, padded, key, value, folded, scaling=0.3, folded=True)
+        assert torch.equal(padded_again, full)
 
 
 def test_causal_attention_is_the_index_rule():
@@ -188,13 +194,14 @@ def test_causal_attention_is_the_index_rule():
     rows, C, heads, kv_heads, D = 3, 10, 4, 2, 8
     index = [torch.arange(3, 10), torch.arange(0, 6), torch.arange(4, 5)]  # a prefix before, or none
     place = torch.cat([r * C + i for r, i in enumerate(index)])
+    unpack = (place // C, place % C)
     query = torch.randn(1, heads, len(place), D)
     key, value = torch.randn(rows, kv_heads, C, D), torch.randn(rows, kv_heads, C, D)
-    causal, _ = engine_sdpa(None, query, key, value, torch.zeros(rows, 1, 1, 1), scaling=0.3, unpack=place,
+    causal, _ = engine_sdpa(None, query, key, value, torch.zeros(rows, 1, 1, 1), scaling=0.3, unpack=unpack,
                             causal_width=C)  # fmt: skip
     allowed = torch.arange(C)[None, :] <= torch.arange(C)[:, None]  # (query index, entry index)
     mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min).expand(rows, 1, C, C)
-    masked, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=place)
+    masked, _ = engine_sdpa(None, query, key, value, mask, scaling=0.3, unpack=unpack)
     torch.testing.assert_close(causal, masked, atol=1e-6, rtol=0)
 
 
