@@ -13,7 +13,12 @@ session 34) compiled 18.35-20.29 s against eager 20.90-21.77 s, median 1.17x, th
 prompts' bf16 values changed. So ``"auto"`` compiles on CUDA only.
 
 ``CompiledLayers`` compiles each piece's forward once (``dynamic=True``: one graph for every token
-count) and swaps the compiled forwards in only around the engine's own forward passes (``active``),
+count) and hands it every input as (tokens, features): the pieces work token by token, and the
+shapes the engine gives them differ in rank (a norm over (rows, queries, hidden) or over a query's
+heads, (rows, queries, heads, head_dim)) and in dimensions of size 1 (a one-row batch, one query per
+row), each of which the compiler would otherwise compile again, inside timed runs (on an H200,
+session 35, the baseline at 512 long products ran 20% slower compiled, from recompiling mid-run;
+only a single token now makes a second graph). It swaps the compiled forwards in only around the engine's own forward passes (``active``),
 as ``attention.engine_attention`` does for attention, so a model shared with other code keeps its
 eager modules. While a CUDA graph is being recorded (hpd_core/graphs.py) the pieces run eagerly: a
 compiled kernel's first launch may tune itself by running, which a capture would record. If
@@ -62,16 +67,17 @@ class CompiledLayers:
         self.forwards = [self._guarded(torch.compile(f, dynamic=True, backend=backend), f) for f in self.eager]
 
     def _guarded(self, compiled, eager):
-        def forward(*args, **kwargs):
+        def forward(hidden, *args, **kwargs):
             if self.failed or _capturing():
-                return eager(*args, **kwargs)
-            try:
-                return compiled(*args, **kwargs)
+                return eager(hidden, *args, **kwargs)
+            try:  # per-token pieces: every shape as (tokens, features), the one shape the compiler sees
+                out = compiled(hidden.reshape(-1, hidden.shape[-1]), *args, **kwargs)
+                return out.reshape(*hidden.shape[:-1], out.shape[-1])
             except torch._dynamo.exc.TorchDynamoException as error:  # a backend's failure is one
                 self.failed = True
                 log.warning("compiling the layers' MLPs and norms failed, they run eagerly (same arithmetic, "
                             "slower): %s", str(error).splitlines()[0] if str(error) else type(error).__name__)  # fmt: skip
-                return eager(*args, **kwargs)
+                return eager(hidden, *args, **kwargs)
 
         return forward
 
