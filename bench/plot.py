@@ -202,11 +202,12 @@ def plot_sweep(report: dict, path: str | Path) -> None:
 
 
 def _compiled(report: dict) -> str:
-    """The decoding line's ", layers' MLPs and norms compiled" where ``compile_layers`` compiled them
-    (hpd_core/compiled.py), or "" (eager, or a report from before the option)."""
+    """The decoding line's ", layers' MLPs, norms and rotary embeddings compiled" where
+    ``compile_layers`` compiled them (hpd_core/compiled.py), or "" (eager, or a report from before
+    the option)."""
     mode, device = report["decode"].get("compile_layers"), str(report.get("model", {}).get("device", ""))
     compiled = mode is not None and DecodeConfig(compile_layers=mode).compiles(device)
-    return ", layers' MLPs and norms compiled" if compiled else ""
+    return ", layers' MLPs, norms and rotary embeddings compiled" if compiled else ""
 
 
 def _graphs(report: dict) -> str:

@@ -1,9 +1,11 @@
-"""Each decoder layer's MLP and RMS norms through ``torch.compile`` (``DecodeConfig.compile_layers``).
+"""Each decoder layer's MLP, RMS norms and rotary embedding through ``torch.compile``
+(``DecodeConfig.compile_layers``).
 
 What a compiler fuses in a transformer's forward is its element-wise work: an RMS norm (square,
-mean, reciprocal square root, two products, casts) and a gated MLP's activation and product between
-its projections are each one kernel compiled against many eager ones, each of which reads and writes
-the whole activation. Attention stays the engine's own (hpd_core/attention.py: its indexing would be
+mean, reciprocal square root, two products, casts), a gated MLP's activation and product between
+its projections, and the rotary embedding of queries and keys (two products, a negation, a
+concatenation and a sum for each) are each one kernel compiled against many eager ones, each of
+which reads and writes the whole activation. Attention stays the engine's own (hpd_core/attention.py: its indexing would be
 broken into pieces), and the linear layers stay cuBLAS's (or the CPU's) matrix products.
 
 Measured (``scripts/compile_ab.py``, HPD's timed run eager against compiled, alternating in one
@@ -18,9 +20,14 @@ shapes the engine gives them differ in rank (a norm over (rows, queries, hidden)
 heads, (rows, queries, heads, head_dim)) and in dimensions of size 1 (a one-row batch, one query per
 row), each of which the compiler would otherwise compile again, inside timed runs (on an H200,
 session 35, the baseline at 512 long products ran 20% slower compiled, from recompiling mid-run;
-only a single token now makes a second graph). It swaps the compiled forwards in only around the engine's own forward passes (``active``),
-as ``attention.engine_attention`` does for attention, so a model shared with other code keeps its
-eager modules. While a CUDA graph is being recorded (hpd_core/graphs.py) the pieces run eagerly: a
+most likely from recompiling mid-run; only a single token now makes a second graph). The rotary
+embedding is the modeling module's function ``apply_rotary_pos_emb(q, k, cos, sin)``, which every
+supported architecture's attention calls by that name; it gets queries and keys as (tokens, heads,
+head_dim) and cos and sin as (tokens, head_dim) the same way (``rotary_home``). The compiled
+forwards and function are swapped in only around the engine's own forward passes (``active``), as
+``attention.engine_attention`` does for attention, so a model shared with other code keeps its
+eager modules (the function is the module's, so another thread calling the same architecture's
+attention meanwhile would get the compiled one: the same arithmetic, fused). While a CUDA graph is being recorded (hpd_core/graphs.py) the pieces run eagerly: a
 compiled kernel's first launch may tune itself by running, which a capture would record. If
 compiling fails (no compiler for the device, an operator the compiler does not take), the failure is
 logged once and the pieces run eagerly for good: the same arithmetic, unfused.
@@ -29,6 +36,7 @@ logged once and the pieces run eagerly for good: the same arithmetic, unfused.
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -52,6 +60,14 @@ def layer_pieces(body) -> list[torch.nn.Module]:
     return pieces
 
 
+def rotary_home(body):
+    """The modeling module whose ``apply_rotary_pos_emb`` the layers' attention calls (transformers'
+    Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3 all call it by that name), or None."""
+    attn = getattr(body.layers[0], "self_attn", None) if len(body.layers) else None
+    module = sys.modules.get(type(attn).__module__) if attn is not None else None
+    return module if callable(getattr(module, "apply_rotary_pos_emb", None)) else None
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -65,6 +81,15 @@ class CompiledLayers:
         self.own = ["forward" in m.__dict__ for m in self.modules]  # an instance's own forward, put back
         self.failed = False  # compiling failed once: eager from then on
         self.forwards = [self._guarded(torch.compile(f, dynamic=True, backend=backend), f) for f in self.eager]
+        self.home = rotary_home(body)
+        if self.home is not None:
+            self.rotary_eager = self.home.apply_rotary_pos_emb
+            self.rotary = self._rotary(torch.compile(self.rotary_eager, dynamic=True, backend=backend), self.rotary_eager)
+
+    def _fail(self, error: Exception) -> None:
+        self.failed = True
+        log.warning("compiling the layers' MLPs, norms and rotary embeddings failed, they run eagerly (same "
+                    "arithmetic, slower): %s", str(error).splitlines()[0] if str(error) else type(error).__name__)  # fmt: skip
 
     def _guarded(self, compiled, eager):
         def forward(hidden, *args, **kwargs):
@@ -74,21 +99,41 @@ class CompiledLayers:
                 out = compiled(hidden.reshape(-1, hidden.shape[-1]), *args, **kwargs)
                 return out.reshape(*hidden.shape[:-1], out.shape[-1])
             except torch._dynamo.exc.TorchDynamoException as error:  # a backend's failure is one
-                self.failed = True
-                log.warning("compiling the layers' MLPs and norms failed, they run eagerly (same arithmetic, "
-                            "slower): %s", str(error).splitlines()[0] if str(error) else type(error).__name__)  # fmt: skip
+                self._fail(error)
                 return eager(hidden, *args, **kwargs)
 
         return forward
+
+    def _rotary(self, compiled, eager):
+        def apply(q, k, cos, sin, unsqueeze_dim=1):
+            b, _, a, _ = q.shape if q.dim() == 4 else (None,) * 4
+            if self.failed or _capturing() or unsqueeze_dim != 1 or b is None or cos.shape[:2] != (b, a):
+                return eager(q, k, cos, sin, unsqueeze_dim)
+            # (rows, heads, queries, head_dim) as (tokens, heads, head_dim): a view of the layout
+            # the projections wrote, (rows, queries, heads, head_dim); cos and sin as (tokens, head_dim)
+            tokens = lambda x: x.transpose(1, 2).reshape(b * a, x.shape[1], x.shape[3])  # noqa: E731
+            back = lambda x, like: x.view(b, a, like.shape[1], like.shape[3]).transpose(1, 2)  # noqa: E731
+            try:
+                q2, k2 = compiled(tokens(q), tokens(k), cos.reshape(b * a, -1), sin.reshape(b * a, -1))
+            except torch._dynamo.exc.TorchDynamoException as error:
+                self._fail(error)
+                return eager(q, k, cos, sin, unsqueeze_dim)
+            return back(q2, q), back(k2, k)
+
+        return apply
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """Within the block the pieces run their compiled forwards; their own ones after it."""
         for module, forward in zip(self.modules, self.forwards):
             module.forward = forward
+        if self.home is not None:
+            self.home.apply_rotary_pos_emb = self.rotary
         try:
             yield
         finally:
+            if self.home is not None:
+                self.home.apply_rotary_pos_emb = self.rotary_eager
             for module, eager, own in zip(self.modules, self.eager, self.own):
                 if own:
                     module.forward = eager

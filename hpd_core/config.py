@@ -62,10 +62,11 @@ class DecodeConfig:
         an execution plan for each new attention shape (tens to hundreds of milliseconds, cached
         without limit), and the engine's shapes change with every batch. It changes speed (and,
         in 16-bit, rounding), not what is asked.
-    compile_layers: each decoder layer's MLP and RMS norms run through ``torch.compile`` in the
-        engine's forwards (hpd_core/compiled.py): "on", "off", or "auto" (on CUDA only). On an
-        H200 HPD's timed run at 512 long products ran 1.17x faster compiled, with the same values
-        (session 34); on the 2-core CPU it was within the noise. Compiling takes seconds once per
+    compile_layers: each decoder layer's MLP, RMS norms and rotary embedding run through
+        ``torch.compile`` in the engine's forwards (hpd_core/compiled.py): "on", "off", or "auto"
+        (on CUDA only). On an H200 HPD's timed run at 512 long products ran 1.17x faster with the
+        MLPs and norms compiled, with the same values (session 34; the rotary embedding joined
+        later); on the 2-core CPU it was within the noise. Compiling takes seconds once per
         process; steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in
         16-bit, rounding), not what is asked.
     spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
@@ -122,7 +123,7 @@ class DecodeConfig:
         return self.temperature == 0.0
 
     def compiles(self, device) -> bool:
-        """Whether the layers' MLPs and norms are compiled on ``device`` (see ``compile_layers``)."""
+        """Whether the layers' MLPs, norms and rotary embeddings are compiled on ``device`` (see ``compile_layers``)."""
         if self.compile_layers == "auto":
             return str(device).startswith("cuda")
         return self.compile_layers == "on"

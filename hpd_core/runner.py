@@ -14,7 +14,8 @@ and generation index. The runner lays them out for the model in one of two ways:
   packing.
 
 The mask is ``masks.allowed`` over the entries' positions, generation indices and presence (each
-layer's own window, ``masks.for_layers``), built once per forward for all layers. A forward the
+layer's own window, ``masks.for_layers``), built once per forward for all layers (and, for the
+engine's grouped-query SDPA, folded once: ``attention.fold_mask``). A forward the
 caller marks ``causal`` (a prefill: each row's entries up to its last query are present, in
 strictly increasing positions, generation 0) is the rule's special case "an entry is seen iff its
 index is at most the query's"; with the engine's packed SDPA and full-attention layers it runs as
@@ -78,7 +79,7 @@ class ModelRunner:
         self.model = model
         self.cudnn_attention = cudnn_attention  # SDPA may use cuDNN's kernels (attention.engine_attention)
         self.body = model.get_decoder()
-        # the layers' MLPs and norms compiled within the engine's forwards (hpd_core/compiled.py)
+        # the layers' MLPs, norms and rotary embeddings compiled within the engine's forwards (hpd_core/compiled.py)
         self.compiled = CompiledLayers(self.body) if compile_layers else None
         self.head = model.get_output_embeddings()
         self.device = self.head.weight.device
@@ -118,12 +119,13 @@ class ModelRunner:
     def mask(self, rule, fold: bool = False):
         """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule;
         ``fold``: additive masks folded for grouped-query attention (``attention.fold_mask``)."""
-        if self.flex:
-            convert = masks.block_mask
-        elif fold:
-            convert = lambda allowed: fold_mask(masks.additive(allowed, self.dtype), self.groups)  # noqa: E731
-        else:
-            convert = lambda allowed: masks.additive(allowed, self.dtype)  # noqa: E731
+
+        def convert(allowed: torch.Tensor):
+            if self.flex:
+                return masks.block_mask(allowed)
+            additive = masks.additive(allowed, self.dtype)
+            return fold_mask(additive, self.groups) if fold else additive
+
         return masks.for_layers(self.windows, lambda window: convert(rule(window)))
 
     def forward(

@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="both decoders' attention may use cuDNN's kernels on a GPU (default: off; the warm-up builds "
                    "the timed runs' plans, so this measures the kernels, not the plan builds)")
     d.add_argument("--compile-layers", choices=COMPILE_LAYERS, default=DecodeConfig.compile_layers,
-                   help="both decoders' layer MLPs and norms through torch.compile: on, off, auto (on CUDA only; the "
+                   help="both decoders' layer MLPs, norms and rotary embeddings through torch.compile: on, off, auto (on CUDA only; the "
                    "warm-up run compiles; default %(default)s)")
     d.add_argument("--spans", action="store_true",
                    help="both decoders decode values as spans of their product's text (records runs; default: off)")

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let attention use cuDNN's kernels on a GPU; off by default: cuDNN builds a plan for every new "
                         "attention shape and the engine's shapes change with every batch; changes speed (in bf16 also the rounding)")
     parser.add_argument("--compile-layers", choices=COMPILE_LAYERS,
-                        help="run each layer's MLP and norms through torch.compile: on, off, auto (on a GPU only; compiling "
+                        help="run each layer's MLP, norms and rotary embedding through torch.compile: on, off, auto (on a GPU only; compiling "
                         "takes seconds once per actor); changes speed (in bf16 also the rounding) (default: auto)")
     parser.add_argument("--spans", action="store_true",
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "

@@ -14,11 +14,12 @@
 #                      packed, the baseline fixed with graphs: session 32) in scale/bench.md; then
 #                      the titles at 512 products the same way, its table into log.txt
 #   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py;
-#                      at catalog scale: NUM_PRODUCTS=512 BENCH_ARGS="--batch-size 512" LIMIT=300)
+#                      at catalog scale: NUM_PRODUCTS=512 BENCH_ARGS="--batch-size 512" LIMIT=300);
+#   syncs-hpd.txt      with SYNCS=1: the run's host-device synchronisations counted by calling line
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
 # Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|compile|all]
 #   (default all: tests, long, titles, scale; eager, cudnn, profile and compile only when named;
-#   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs and norms,
+#   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs, norms, rotary,
 #   alternating, AB_RUNS=2 times each, into log.txt)
 #   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
 #   the two workloads), NUM_PRODUCTS, SCALE_PRODUCTS, ARCH, DEVICE, PYTHON
@@ -111,7 +112,7 @@ if [[ $what == cudnn ]]; then  # the same two workloads with cuDNN's attention k
   side_bench long-cudnn "${LONG[@]}" --cudnn-attention
   side_bench titles-cudnn "${TITLES[@]}" --cudnn-attention
 fi
-if [[ $what == compile ]]; then  # HPD on the long workload, eager against compiled MLPs and norms (scripts/compile_ab.py)
+if [[ $what == compile ]]; then  # HPD on the long workload, eager against compiled MLPs, norms and rotary embeddings (scripts/compile_ab.py)
   echo "== compile A/B" | tee -a "$LOG"
   AB_RUNS=${AB_RUNS:-2} limit $PY scripts/compile_ab.py bench $(workload) "${LONG[@]}" --repeats 1 --out /tmp/hpd-compile-bench $BENCH_ARGS 2>&1 \
     | grep -v "^DEBUG " | tee -a "$LOG" || status=1

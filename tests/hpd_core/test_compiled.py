@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpd_core.autoregressive import AutoregressiveDecoder
-from hpd_core.compiled import CompiledLayers, layer_pieces
+from hpd_core.compiled import CompiledLayers, layer_pieces, rotary_home
 from hpd_core.config import DecodeConfig
 from hpd_core.decoders import make_decoder
 from hpd_core.reference import AutoregressiveReference, ReferenceDecoder
@@ -38,15 +38,37 @@ def test_compiled_forwards_only_within_active(models):
     body = models["llama"].get_decoder()
     compiled = CompiledLayers(body)
     mlp = body.layers[0].mlp
-    assert "forward" not in mlp.__dict__
+    home = rotary_home(body)
+    eager_rotary = home.apply_rotary_pos_emb
+    assert home.__name__.endswith("modeling_llama") and "forward" not in mlp.__dict__
     with compiled.active():
         assert mlp.forward is compiled.forwards[0]
+        assert home.apply_rotary_pos_emb is compiled.rotary
     assert "forward" not in mlp.__dict__  # the class's forward again, nothing left on the module
+    assert home.apply_rotary_pos_emb is eager_rotary
+
+
+@pytest.mark.parametrize("rows, queries", [(1, 5), (3, 1), (2, 4)])
+def test_the_compiled_rotary_embedding_is_the_eager_one(models, rows, queries):
+    """The rotary function given (tokens, heads, head_dim) views computes what the model's own does
+    on (rows, heads, queries, head_dim), in the layout the projections wrote (float32, CPU)."""
+    body = models["qwen3"].get_decoder()
+    compiled = CompiledLayers(body)
+    torch.manual_seed(3)
+    heads, kv_heads, dim = 4, 2, 16
+    q = torch.randn(rows, queries, heads, dim).transpose(1, 2)  # as the attention makes them
+    k = torch.randn(rows, queries, kv_heads, dim).transpose(1, 2)
+    cos, sin = torch.randn(rows, queries, dim), torch.randn(rows, queries, dim)
+    expected = compiled.rotary_eager(q, k, cos, sin)
+    got = compiled.rotary(q, k, cos, sin)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
 
 
 def test_the_engines_forwards_go_through_the_compiler(models, tokenizer):
-    """With a backend that records what it is given, decoding hands the compiler the MLP and the
-    norms and no attention; after one request of each decoder (a job's first batch, `hpd bench`'s
+    """With a backend that records what it is given, decoding hands the compiler the MLP, the norms
+    and the rotary embedding and no attention; after one request of each decoder (a job's first batch, `hpd bench`'s
     warm-up), batches of other shapes (more rows, fixed and packed steps) compile nothing new: the
     compiler sees every input as (tokens, features), so neither the rank nor a dimension of size 1
     makes it compile again inside a timed run."""
@@ -70,10 +92,12 @@ def test_the_engines_forwards_go_through_the_compiler(models, tokenizer):
     for (name, step_shape), decoder in decoders.items():
         decoder.decode([random_request(random.Random(60 + i), 1 + i, 2 + i) for i in range(4)])
     assert len(graphs) == first, f"{len(graphs) - first} graphs compiled after the first requests"
-    # the MLP and the norms (over the hidden size and over a head), each also for a single token
-    assert 2 <= first <= 6, first
+    # the MLP, the norms (over the hidden size and over a head) and the rotary embedding, each
+    # perhaps also for a single token
+    assert 3 <= first <= 8, first
     ops = {str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function"}
     assert any("silu" in op for op in ops) and any("rsqrt" in op for op in ops)
+    assert any("cat" in op for op in ops) and any("neg" in op for op in ops)  # rotate_half
     assert not any("scaled_dot_product_attention" in op for op in ops)
 
 

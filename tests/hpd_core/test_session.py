@@ -330,8 +330,9 @@ def test_hpd_asks_for_the_step_shape_of_its_batch_matrix_work(models, tokenizer,
 @pytest.mark.parametrize("step_shape", ["auto", "packed"])
 def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
     """On CUDA, float32, with fixed steps (auto, for small batches) and packed ones (what auto
-    picks for heavy batches), the layers' MLPs and norms compiled (compile_layers="auto"; steps
-    recorded as CUDA graphs keep them eager): HPD and the baseline == their CPU oracles."""
+    picks for heavy batches), the layers' MLPs, norms and rotary embeddings compiled
+    (compile_layers="auto"; steps recorded as CUDA graphs keep them eager): HPD and the baseline ==
+    their CPU oracles."""
     from .conftest import parts_at_a_tie, slots_part_at_a_tie, tiny_model
 
     rng = random.Random(30)
