@@ -17,8 +17,10 @@
 #                      at catalog scale: NUM_PRODUCTS=512 BENCH_ARGS="--batch-size 512" LIMIT=300);
 #   syncs-hpd.txt      with SYNCS=1: the run's host-device synchronisations counted by calling line
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
-# Usage, from the repository root:  bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|compile|all]
-#   (default all: tests, long, titles, scale; eager, cudnn, profile and compile only when named;
+# Usage, from the repository root:
+#   bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|compile|attention|all]
+#   (default all: tests, long, titles, scale; eager, cudnn, profile, compile and attention only when named;
+#   attention: scripts/gpu_attention_ab.py, the packed steps' masked attention against a split one, into log.txt;
 #   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs, norms, rotary,
 #   alternating, AB_RUNS=2 times each, into log.txt)
 #   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
@@ -116,6 +118,10 @@ if [[ $what == compile ]]; then  # HPD on the long workload, eager against compi
   echo "== compile A/B" | tee -a "$LOG"
   AB_RUNS=${AB_RUNS:-2} limit $PY scripts/compile_ab.py bench $(workload) "${LONG[@]}" --repeats 1 --out /tmp/hpd-compile-bench $BENCH_ARGS 2>&1 \
     | grep -v "^DEBUG " | tee -a "$LOG" || status=1
+fi
+if [[ $what == attention ]]; then  # packed-step attention: the engine's masked call against a split one (~20 s)
+  echo "== attention A/B" | tee -a "$LOG"
+  limit $PY scripts/gpu_attention_ab.py 2>&1 | tee -a "$LOG" || status=1
 fi
 if [[ $what == profile ]]; then  # where HPD's time goes on the long workload
   echo "== profile" | tee -a "$LOG"
