@@ -106,13 +106,14 @@ class CompiledLayers:
 
     def _rotary(self, compiled, eager):
         def apply(q, k, cos, sin, unsqueeze_dim=1):
-            b, _, a, _ = q.shape if q.dim() == 4 else (None,) * 4
-            if self.failed or _capturing() or unsqueeze_dim != 1 or b is None or cos.shape[:2] != (b, a):
+            shaped = q.dim() == 4 and unsqueeze_dim == 1 and cos.shape[:2] == (q.shape[0], q.shape[2])
+            if self.failed or _capturing() or not shaped:
                 return eager(q, k, cos, sin, unsqueeze_dim)
             # (rows, heads, queries, head_dim) as (tokens, heads, head_dim): a view of the layout
             # the projections wrote, (rows, queries, heads, head_dim); cos and sin as (tokens, head_dim)
+            b, _, a, _ = q.shape
             tokens = lambda x: x.transpose(1, 2).reshape(b * a, x.shape[1], x.shape[3])  # noqa: E731
-            back = lambda x, like: x.view(b, a, like.shape[1], like.shape[3]).transpose(1, 2)  # noqa: E731
+            back = lambda x, like: x.reshape(b, a, like.shape[1], like.shape[3]).transpose(1, 2)  # noqa: E731
             try:
                 q2, k2 = compiled(tokens(q), tokens(k), cos.reshape(b * a, -1), sin.reshape(b * a, -1))
             except torch._dynamo.exc.TorchDynamoException as error:
