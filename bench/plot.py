@@ -91,7 +91,7 @@ def _header(report: dict, title: str) -> list[str]:
         f"{', random weights' if model['random_weights'] else ''}), {model['dtype']} on {model['device']}, attention {model['attention']}"
         + _adapters(model),
         f"- decoding: K_max {report['decode']['max_value_tokens']}, batch token budget {_budget(report['decode'])}, "
-        f"max batch size {report['decode']['max_batch_size']} (rows, refilled as prompts finish), "
+        f"max batch size {_batch(report)} (rows, refilled as prompts finish), "
         f"{_prefill(report['decode'])}"
         f"steps {report['decode'].get('step_shape', 'auto')}"
         f"{_graphs(report)}"
@@ -175,6 +175,20 @@ def sweep_markdown(report: dict) -> str:
     for J in docs:
         row = [f"{cell[J, b]['speedup']:.2f}x ({cell[J, b]['speedup_same_batch']:.2f}x)" for b in batches]
         lines.append(f"| {J} | " + " | ".join(row) + " |")
+    if "floor" in report:  # sweeps from before the floor was added have none
+        floor = report["floor"]
+        lines += [
+            "",
+            f"Share of the per-product floor (matmul {floor['matmul_flops_per_s'] / 1e12:.3f} TFLOP/s measured after the "
+            "runs, 2 x body parameters x each product's own text, attribute keys and values): HPD per cell; the "
+            "baseline per batch size: "
+            + ", ".join(f"{b}: {f:.1%}" for b, f in report["baseline_floor_fraction"].items()),
+            "",
+            "| J \\ batch size | " + " | ".join(str(b) for b in batches) + " |",
+            "|---" * (len(batches) + 1) + "|",
+        ]
+        for J in docs:
+            lines.append(f"| {J} | " + " | ".join(f"{cell[J, b]['floor_fraction']:.1%}" for b in batches) + " |")
     lines.append("")
     return "\n".join(lines)
 
@@ -199,6 +213,13 @@ def plot_sweep(report: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _batch(report: dict) -> str:
+    """The most rows per batch: the configured one, or a sweep's batch sizes (its columns)."""
+    if "grid" in report:
+        return "per column (the sweep's batch sizes)"
+    return str(report["decode"]["max_batch_size"])
 
 
 def _compiled(report: dict) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from bench.compare import compare
+from bench.compare import compare, floor
 from bench.measure import PassCounter, TimingConfig
 from bench.report import write_json
 from bench.workload import Workload
@@ -23,11 +23,15 @@ def run_sweep(
     timing: TimingConfig,
     report: dict,
     out: Path,
+    input_tokens: Callable[[Workload], float],
+    matmul_flops: Callable[[], float],
 ) -> dict:
     """Time the grid, write sweep.json, sweep.md and sweep.png, return the stdout summary.
     ``workloads[J]`` holds every J in ``docs`` and 1; ``decoders_at(B)`` gives decoders with at
     most B prompts per batch. The headline speedup of a cell is over the best baseline (the
-    paper's AR uses its best batch)."""
+    paper's AR uses its best batch). Every cell and baseline also gets its share of the
+    per-product floor (``compare.floor``: ``input_tokens`` of a workload's products, HPD's value
+    tokens, ``matmul_flops`` measured after the timed runs), which does not depend on J."""
     from bench.plot import plot_sweep, sweep_markdown
 
     baseline, cells = {}, {}
@@ -40,6 +44,13 @@ def run_sweep(
             first = False
     best_b = max(baseline, key=lambda b: baseline[b]["products_per_s"])
     best_ar = baseline[best_b]["products_per_s"]
+    flops = matmul_flops()
+    first_cell = next(iter(cells.values()))
+    values = first_cell["generated_tokens"] / first_cell["products"]  # HPD's value tokens per product
+
+    def floor_fraction(summary: dict, workload: Workload) -> float:
+        return floor(flops, report["model"], input_tokens(workload), values, {"run": summary})["run"]["fraction"]
+
     grid = [
         {
             "docs_per_prompt": J,
@@ -47,6 +58,7 @@ def run_sweep(
             "hpd_products_per_s": cell["products_per_s"],
             "speedup": cell["products_per_s"] / best_ar,
             "speedup_same_batch": cell["products_per_s"] / baseline[B]["products_per_s"],
+            "floor_fraction": floor_fraction(cell, workloads[J]),
             "hpd": cell,
         }
         for (J, B), cell in cells.items()
@@ -54,7 +66,9 @@ def run_sweep(
     report.update(
         workload={"kind": workloads[1].kind, "fixed_lengths": workloads[1].fixed_lengths, **workloads[1].info},
         baseline={str(b): s for b, s in baseline.items()},
+        baseline_floor_fraction={str(b): floor_fraction(s, workloads[1]) for b, s in baseline.items()},
         baseline_best_batch=best_b,
+        floor={"matmul_flops_per_s": flops, "value_tokens_per_product": values},
         grid=grid,
     )
     write_json(out / "sweep.json", report)
@@ -66,4 +80,5 @@ def run_sweep(
         "ar": {"products_per_s": best_ar, "batch_size": best_b},
         "hpd": {"products_per_s": top["hpd_products_per_s"], "docs_per_prompt": top["docs_per_prompt"], "batch_size": top["batch_size"]},
         "speedup": top["speedup"],
+        "floor_fraction": {"ar": report["baseline_floor_fraction"][str(best_b)], "hpd": top["floor_fraction"]},
     }

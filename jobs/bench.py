@@ -31,12 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.decoders import make_decoders
-from bench.measure import TimingConfig, pass_counters
+from bench.measure import TimingConfig, matmul_flops, pass_counters
 from bench.model import RANDOM_ARCHS, load
 from bench.report import report_header
 from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
-from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec
+from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec, floor_input_tokens
 from hpd_core.config import ATTENTION, COMPILE_LAYERS, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
 from hpd_core.models import emulated_dtype_warning, resolve_dtype
 
@@ -176,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
                 return make_decoders(models, tokenizer, replace(decode_cfg, max_batch_size=batch_size), model_info)
 
             summary = run_sweep(
-                args.sweep_docs, args.sweep_batch, workloads, decoders_at, args.device, counters, timing, report, out
+                args.sweep_docs, args.sweep_batch, workloads, decoders_at, args.device, counters, timing, report, out,
+                input_tokens=lambda workload: floor_input_tokens(workload.requests, tokenizer),
+                matmul_flops=lambda: matmul_flops(args.device, args.dtype, timing.matmul_size),
             )
         else:
             decoders = make_decoders(models, tokenizer, decode_cfg, model_info)

@@ -18,9 +18,10 @@
 #   syncs-hpd.txt      with SYNCS=1: the run's host-device synchronisations counted by calling line
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
 # Usage, from the repository root:
-#   bash scripts/gpu_session.sh [tests|long|titles|scale|eager|cudnn|profile|compile|attention|all]
-#   (default all: tests, long, titles, scale; eager, cudnn, profile, compile and attention only when named;
+#   bash scripts/gpu_session.sh [tests|long|titles|scale|jsweep|eager|cudnn|profile|compile|attention|all]
+#   (default all: tests, long, titles, scale; jsweep, eager, cudnn, profile, compile and attention only when named;
 #   attention: scripts/gpu_attention_ab.py, the packed steps' masked attention against a split one, into log.txt;
+#   jsweep: the long workload at SCALE_PRODUCTS, the baseline once and HPD at J = SWEEP_DOCS (1,2,4), jsweep/sweep.md;
 #   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs, norms, rotary,
 #   alternating, AB_RUNS=2 times each, into log.txt)
 #   env: LIMIT=SECONDS (each part's limit), BENCH_ARGS="--repeats 2" (more hpd bench arguments for
@@ -105,6 +106,12 @@ if [[ $what == all || $what == scale ]]; then  # a catalog's full batches, long 
   echo "== hpd bench scale" | tee -a "$LOG"
   limit $PY -m jobs.cli bench $(workload) "${LONG[@]}" --num-products "$SCALE_PRODUCTS" --batch-size "$SCALE_PRODUCTS" --out "$OUT/scale" $BENCH_ARGS --repeats 1 2>&1 | tee -a "$LOG" || status=1
   side_bench scale-titles "${TITLES[@]}" --num-products "$SCALE_PRODUCTS" --batch-size "$SCALE_PRODUCTS" --repeats 1
+fi
+if [[ $what == jsweep ]]; then  # HPD's J on the long workload at catalog scale: the baseline once, HPD at each J
+  echo "== hpd bench jsweep" | tee -a "$LOG"
+  limit $PY -m jobs.cli bench $(workload) "${LONG[@]}" --num-products "$SCALE_PRODUCTS" --sweep-docs "${SWEEP_DOCS:-1,2,4}" \
+    --sweep-batch "$SCALE_PRODUCTS" --out "$OUT/jsweep" $BENCH_ARGS --repeats 1 2>&1 | tee -a "$LOG" || status=1
+  cat "$OUT/jsweep/sweep.md" >> "$LOG" 2>/dev/null || true
 fi
 if [[ $what == eager ]]; then  # the same two workloads without CUDA graphs
   side_bench long-eager "${LONG[@]}" --no-cuda-graphs

@@ -268,6 +268,14 @@ def test_bench_sweep_writes_png(capsys, tmp_path, tokenizer_dir):
         assert g["hpd"]["mean_batch_rows"] <= g["batch_size"]
     assert summary["ar"]["products_per_s"] == pytest.approx(best)
     assert "J \\ batch size" in (out / "sweep.md").read_text()
+    # each cell's share of the floor: products/s over the floor's products/s at the measured matmul speed
+    floor = report["floor"]
+    for g in report["grid"]:
+        limit = g["hpd_products_per_s"] / g["floor_fraction"]
+        tokens = floor["matmul_flops_per_s"] / (2 * report["model"]["body_matmul_parameters"] * limit)
+        assert tokens > floor["value_tokens_per_product"] > 0  # the product's own text and keys, and its values
+    assert set(report["baseline_floor_fraction"]) == set(report["baseline"])
+    assert "Share of the per-product floor" in (out / "sweep.md").read_text()
 
 
 @pytest.fixture(scope="module")
