@@ -30,8 +30,9 @@ def run_sweep(
     ``workloads[J]`` holds every J in ``docs`` and 1; ``decoders_at(B)`` gives decoders with at
     most B prompts per batch. The headline speedup of a cell is over the best baseline (the
     paper's AR uses its best batch). Every cell and baseline also gets its share of the
-    per-product floor (``compare.floor``: ``input_tokens`` of a workload's products, HPD's value
-    tokens, ``matmul_flops`` measured after the timed runs), which does not depend on J."""
+    per-product floor (``compare.floor``: ``input_tokens`` of a workload's products, the first
+    HPD cell's value tokens per product, the same at every J on a synthetic workload's forced
+    lengths, and ``matmul_flops`` measured after the timed runs)."""
     from bench.plot import plot_sweep, sweep_markdown
 
     baseline, cells = {}, {}
