@@ -17,10 +17,11 @@ Sliding-window layers of such a forward take ``bands`` instead (built by the run
 queries, each attending only to the entries its window can reach, through the rule's own mask over
 that band, so a long prompt's prefill costs each query about a window of keys, not the whole row.
 On a CPU, a packed step whose rows hold several queries (HPD's) goes row by row instead
-(``row_queries``, ``row_reach``, from the runner): each row's real queries over the views of its
-keys and values from the first to the last entry one of them may see, so neither the grid's
-padding queries nor the entries outside every query's window are computed; the entries left out
-are masked for all of the row's queries, so the result is the masked call's.
+(``row_queries``, ``row_plan``, from the runner): each row's real queries, in groups, over views of
+one or two ranges of its keys and values that hold every entry one of the group's queries may see
+(hpd_core/reach.py; two ranges merged by log-sum-exp, ``ranged_sdpa``), so neither the grid's
+padding queries nor most entries no query of a group may see are computed; the entries left out
+are masked for all of the group's queries, so the result is the masked call's.
 
 It is registered under ``ENGINE_ATTENTION`` and switched on only around the engine's own forward
 passes (``engine_attention``), so a model shared with other code keeps its configured
@@ -61,7 +62,7 @@ def engine_sdpa(
     layer_windows: tuple[int | None, ...] | None = None,  # causal forward: each layer's window
     bands: dict | None = None,  # causal forward: per window, [(first query, end, first entry, mask)]
     row_queries: list[tuple[int, int]] | None = None,  # packed: per row, (first packed query, count)
-    row_reach: dict | None = None,  # with row_queries: per window, per row [first, last + 1) entry read
+    row_plan: dict | None = None,  # with row_queries: per window, per row, groups of queries and their entries (reach.py)
     folded: bool = False,  # the mask is already folded for grouped-query attention (``fold_mask``)
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
@@ -75,14 +76,15 @@ def engine_sdpa(
         rows, queries, attention_mask = key.shape[0], causal_width, None
     else:
         rows, queries = attention_mask.shape[0], attention_mask.shape[2] // (heads // key.shape[1] if folded else 1)
-    if row_queries is not None and causal_width is None:  # row by row, real queries over reachable entries
+    if row_queries is not None and causal_width is None:  # row by row, groups of real queries over what they see
         if folded:
             raise ValueError("row-by-row attention takes the mask unfolded")
-        reach = row_reach[layer_windows[module.layer_idx]]
+        plan = row_plan[layer_windows[module.layer_idx]]
         parts = [
-            sdpa(query[:, :, qs : qs + n], key[i : i + 1, :, ks:ke], value[i : i + 1, :, ks:ke],
-                 attention_mask[i : i + 1, :, :n, ks:ke], dropout, scaling)
-            for i, ((qs, n), (ks, ke)) in enumerate(zip(row_queries, reach))
+            ranged_sdpa(query[:, :, qs + q0 : qs + q1], key[i : i + 1], value[i : i + 1],
+                        attention_mask[i : i + 1, :, q0:q1], ranges, dropout, scaling)
+            for i, ((qs, _), groups) in enumerate(zip(row_queries, plan))
+            for q0, q1, ranges in groups
         ]  # fmt: skip
         return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
@@ -105,6 +107,39 @@ def engine_sdpa(
         w = word(out)
         return out.view(w)[row, :, :, column].view(out.dtype).reshape(1, row.numel(), heads, -1), None
     return out.reshape(rows, heads, queries, -1).transpose(1, 2), None  # (rows, A, H, Dv)
+
+
+def ranged_sdpa(
+    query: torch.Tensor,  # (1, H, Q, D)
+    key: torch.Tensor,  # (1, H_kv, C, D)
+    value: torch.Tensor,  # (1, H_kv, C, Dv)
+    mask: torch.Tensor,  # (1, 1, Q, C) additive
+    ranges: tuple[tuple[int, int], ...],  # one or two [first, end) ranges of entries, every other masked
+    dropout: float = 0.0,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``sdpa`` over the entries in ``ranges`` only, as (1, H, Q, Dv). Two ranges are two calls of
+    PyTorch's CPU flash kernel (the op behind SDPA there, which also gives each query's log-sum-exp)
+    merged by their log-sum-exps: the softmax over both ranges. A query whose entries all lie in one
+    range gets weight zero from the other (its masked scores' log-sum-exp is near the dtype's min).
+    Values of another head size than the queries' take one masked call over the ranges' hull."""
+    if len(ranges) == 1 or value.shape[-1] != query.shape[-1]:  # the CPU flash op wants Dv == D
+        start, end = ranges[0][0], ranges[-1][1]
+        return sdpa(query, key[:, :, start:end], value[:, :, start:end], mask[..., start:end], dropout, scale)
+    if dropout:
+        raise ValueError("attention over two ranges of entries takes no dropout")
+    _, heads, queries, dim = query.shape
+    kv_heads = key.shape[1]
+    folded = query.reshape(1, kv_heads, heads // kv_heads * queries, dim)  # head h = kv head h // G, as grouped_sdpa
+    (o1, l1), (o2, l2) = (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            folded, key[:, :, start:end], value[:, :, start:end], 0.0, False,
+            attn_mask=fold_mask(mask[..., start:end], heads // kv_heads), scale=scale)
+        for start, end in ranges
+    )  # fmt: skip
+    top = torch.maximum(l1, l2)
+    w1, w2 = torch.exp(l1 - top)[..., None], torch.exp(l2 - top)[..., None]
+    return ((w1 * o1.float() + w2 * o2.float()) / (w1 + w2)).to(o1.dtype).reshape(1, heads, queries, -1)
 
 
 def sdpa(query: torch.Tensor, *args, **kwargs) -> torch.Tensor:

@@ -38,6 +38,7 @@ from hpd_core import masks
 from hpd_core.attention import engine_attention, fold_mask, uses_sdpa
 from hpd_core.compiled import CompiledLayers
 from hpd_core.kvcache import RowCache, Write
+from hpd_core.reach import CALL_PAIRS, row_plan
 from hpd_core.sampling import select
 
 BAND_BLOCK = 64  # queries per block of a sliding layer's banded causal attention
@@ -55,20 +56,6 @@ def body_parameters(model) -> int:
         return math.prod(shape) if shape is not None else p.numel()
 
     return sum(count(p) for p in model.get_decoder().parameters()) - count(model.get_input_embeddings().weight)
-
-
-def row_reach(allowed: torch.Tensor, place: torch.Tensor, A: int) -> list[tuple[int, int]]:
-    """Per grid row of ``allowed`` (b, A, C): the columns [first, last + 1) that at least one of the
-    row's real queries (``place``: their flat (row, column) places) may see. Every real query sees
-    its own entry, so each row's range holds at least one column."""
-    b, _, C = allowed.shape
-    real = torch.zeros(b * A, dtype=torch.bool, device=allowed.device)
-    real[place] = True
-    seen = (allowed & real.view(b, A, 1)).any(1)  # (b, C)
-    column = torch.arange(C, device=allowed.device)
-    first = torch.where(seen, column, C).amin(1)
-    last = torch.where(seen, column, -1).amax(1)
-    return list(zip(first.tolist(), (last + 1).tolist()))
 
 
 class ModelRunner:
@@ -100,9 +87,10 @@ class ModelRunner:
         # causal forwards skip the mask (full layers) or read only each query block's band (sliding)
         self.causal_ok = self.engine_sdpa
         # a CPU forward whose rows hold several queries (HPD's steps) attends row by row, each row's
-        # real queries over only the entries they can reach (attention.engine_sdpa, ``row_reach``)
+        # real queries, in groups, over only the entries they can reach (attention.engine_sdpa, hpd_core/reach.py)
         self.row_attention = self.engine_sdpa and self.device.type == "cpu"
         self.row_min_queries = ROW_MIN_QUERIES
+        self.call_pairs = CALL_PAIRS  # reach.row_plan's price of an SDPA call (very large: one range per row)
         self.band_block = BAND_BLOCK
         self.prefill_tokens = prefill_tokens  # most new tokens per prefill forward (0: no limit), see Session.prefill
         self.vocab_chunk = VOCAB_CHUNK
@@ -176,12 +164,13 @@ class ModelRunner:
             keys = cache.keys_of(read_rows, end)
             own = grid_index.clamp(max=end - 1)  # padding queries (index: scratch) see some entry, no NaN
             by_row = packed and self.row_attention and A >= self.row_min_queries
-            reach: dict = {}  # per window: each row's [first, last + 1) entries a real query may see
+            plan: dict = {}  # per window: each row's groups of real queries and the entries they read
+            row_counts = counts.tolist() if by_row else None
 
             def rule(window):
                 allowed = masks.allowed(*keys, grid_pos, grid_gen, own, window)
                 if by_row:
-                    reach[window] = row_reach(allowed, place, A)
+                    plan[window] = row_plan(allowed, row_counts, self.call_pairs)
                 return allowed
 
             # grouped-query attention folds the query heads of a K/V head into the query axis
@@ -192,7 +181,7 @@ class ModelRunner:
             if packed:
                 kwargs["unpack"] = (group, column)
             if by_row:
-                kwargs |= {"row_queries": list(zip(starts.tolist(), counts.tolist())), "row_reach": reach,
+                kwargs |= {"row_queries": list(zip(starts.tolist(), counts.tolist())), "row_plan": plan,
                            "layer_windows": self.layer_window}  # fmt: skip
         if packed:
             ids, positions = tokens[None], pos[None]

@@ -234,24 +234,29 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3-swa", "mistral-swa"])
 def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokenizer, arch):
-    """CPU steps whose rows hold several queries attend row by row, each row's real queries over
-    only the entries one of them may see (padding queries and unreachable entries left out): the
-    same tokens and step logits as the batched, masked call, with rows of different lengths,
-    shared prefixes, refilled rows and (swa, gemma3) windows smaller than the prompts."""
+    """CPU steps whose rows hold several queries attend row by row, each row's real queries in
+    groups over one or two ranges of the entries one of them may see (hpd_core/reach.py; padding
+    queries and unreachable entries left out, two ranges merged by log-sum-exp): the same tokens
+    and step logits as the batched, masked call, with rows of different lengths, shared prefixes,
+    refilled rows and (swa, gemma3) windows smaller than the prompts. Calls are priced low here so
+    that rows this small are split too."""
     rng = random.Random(11)
     requests = category_requests(rng, 5)
     config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
     fast = make_decoder("hpd", models[arch], tokenizer, config)
     slow = make_decoder("hpd", models[arch], tokenizer, config)
     slow.runner.row_attention = False
+    fast.runner.call_pairs = 4
     assert fast.runner.row_attention
-    reach = []
+    plans = []
     forward = fast.runner.body.forward
-    fast.runner.body.forward = lambda *a, **k: reach.append(k.get("row_reach")) or forward(*a, **k)
+    fast.runner.body.forward = lambda *a, **k: plans.append(k.get("row_plan")) or forward(*a, **k)
     assert_same_decoding(fast, slow, requests, rng)
-    ranges = [r for plan in reach if plan for rows in plan.values() for r in rows]
-    assert ranges and any(first > 0 for first, _ in ranges) == (arch in ("qwen3-swa", "mistral-swa", "gemma3"))
-    assert len({last for _, last in ranges}) > 1  # rows of different lengths read different entries
+    rows = [groups for plan in plans if plan for per_row in plan.values() for groups in per_row]
+    assert rows and any(len(groups) > 1 for groups in rows)  # rows split into groups
+    ranges = [r for groups in rows for *_, cover in groups for r in cover]
+    assert any(len(cover) == 2 for groups in rows for *_, cover in groups)  # groups over two ranges
+    assert any(first > 0 for first, _ in ranges) and len({end for _, end in ranges}) > 1
 
 
 def test_prefix_store_keeps_the_most_recently_used():
