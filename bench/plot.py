@@ -226,8 +226,9 @@ def _compiled(report: dict) -> str:
     """The decoding line's ", layers' MLPs, norms and rotary embeddings compiled" where
     ``compile_layers`` compiled them (hpd_core/compiled.py), or "" (eager, or a report from before
     the option)."""
-    mode, device = report["decode"].get("compile_layers"), str(report.get("model", {}).get("device", ""))
-    compiled = mode is not None and DecodeConfig(compile_layers=mode).compiles(device)
+    model = report.get("model", {})
+    mode, device, body = report["decode"].get("compile_layers"), str(model.get("device", "")), model.get("body_matmul_parameters", 0)
+    compiled = mode is not None and DecodeConfig(compile_layers=mode).compiles(device, body)
     return ", layers' MLPs, norms and rotary embeddings compiled" if compiled else ""
 
 

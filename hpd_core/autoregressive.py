@@ -23,7 +23,7 @@ from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
 from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
-from hpd_core.runner import ModelRunner
+from hpd_core.runner import ModelRunner, body_parameters
 from hpd_core.session import Prompt, Session
 from hpd_core.sampling import make_generator, select
 from hpd_core.spans import AnswerSpans, SpanVocabulary, product_fields
@@ -94,7 +94,7 @@ class AutoregressiveDecoder(BatchedDecoder):
         super().__init__(model, tokenizer, config, model_name)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention,
-                                  compile_layers=config.compiles(self.device))
+                                  compile_layers=config.compiles(self.device, body_parameters(model)))
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
         self._texts: tuple[str, ...] | None = None  # token_texts, held here: len(tokenizer) is slow

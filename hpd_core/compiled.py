@@ -12,7 +12,9 @@ Measured (``scripts/compile_ab.py``, HPD's timed run eager against compiled, alt
 process): on an H200 at 512 long products (Qwen3-8B's shape, random bf16 weights, packed steps,
 session 34) compiled 18.35-20.29 s against eager 20.90-21.77 s, median 1.17x, the values of all
 128 prompts identical; on the 2-core AMD EPYC CPU (session 33) within the noise, with 4 of 16
-prompts' bf16 values changed. So ``"auto"`` compiles on CUDA only.
+prompts' bf16 values changed (slower in session 36). The small default model lost on a GPU in a
+job of 491 products (session 35: 5.08 s busy decoding against 3.18 s). So ``"auto"`` compiles on
+CUDA only, for models of at least ``config.COMPILE_MIN_BODY_PARAMETERS`` body parameters.
 
 ``CompiledLayers`` compiles each piece's forward once (``dynamic=True``: one graph for every token
 count) and hands it every input as (tokens, features): the pieces work token by token, and the

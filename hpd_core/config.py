@@ -15,7 +15,12 @@ STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (Deco
 # long products, ~100 rows x 64 slots): past the break-even, the finished values a fixed step still
 # feeds cost more than CUDA graphs save. The baseline (one token a row) was faster fixed at each size.
 PACKED_STEP_FLOPS = 3e13
-COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA (hpd_core/compiled.py)
+COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA, large bodies (hpd_core/compiled.py)
+# "auto" compiles the layers' pieces on CUDA for models with at least this many body parameters
+# (runner.body_parameters). On an H200 Qwen3-8B's shape (7.0B) ran HPD 1.17x faster compiled (session
+# 34); the default model (0.1B), whose steps replay from CUDA graphs with eager pieces, spent 5.08 s
+# busy decoding the 491 OA-Mine test products compiled against 3.18 s eager (session 35).
+COMPILE_MIN_BODY_PARAMETERS = 1_000_000_000
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # Gemma 3 270M base + the shipped HPD LoRA adapter, see models.py
 DEFAULT_BASE_MODEL = "default-base"  # the same Gemma 3 270M base without the adapter (zero-shot)
@@ -64,11 +69,13 @@ class DecodeConfig:
         in 16-bit, rounding), not what is asked.
     compile_layers: each decoder layer's MLP, RMS norms and rotary embedding run through
         ``torch.compile`` in the engine's forwards (hpd_core/compiled.py): "on", "off", or "auto"
-        (on CUDA only). On an H200 HPD's timed run at 512 long products ran 1.17x faster with the
-        MLPs and norms compiled, with the same values (session 34; the rotary embedding joined
-        later); on the 2-core CPU it was within the noise. Compiling takes seconds once per
-        process; steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in
-        16-bit, rounding), not what is asked.
+        (on CUDA, for models of at least COMPILE_MIN_BODY_PARAMETERS body parameters). On an H200
+        HPD's timed run at 512 long products (Qwen3-8B's shape) ran 1.17x faster with the MLPs and
+        norms compiled, with the same values (session 34; the rotary embedding joined later); the
+        small default model's job of 491 products decoded slower compiled (session 35); on the
+        2-core CPU it was within the noise or slower. Compiling takes seconds once per process;
+        steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in 16-bit,
+        rounding), not what is asked.
     spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
         leave the product's text is never chosen, and the LM head is computed for the allowed
         tokens only. HPD and its reference.
@@ -122,10 +129,11 @@ class DecodeConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def compiles(self, device) -> bool:
-        """Whether the layers' MLPs, norms and rotary embeddings are compiled on ``device`` (see ``compile_layers``)."""
+    def compiles(self, device, body_parameters: int) -> bool:
+        """Whether the layers' MLPs, norms and rotary embeddings of a model with this many body
+        parameters (``runner.body_parameters``) are compiled on ``device`` (see ``compile_layers``)."""
         if self.compile_layers == "auto":
-            return str(device).startswith("cuda")
+            return str(device).startswith("cuda") and body_parameters >= COMPILE_MIN_BODY_PARAMETERS
         return self.compile_layers == "on"
 
     def fixed_steps(self, device, step_flops: float = 0.0) -> bool:

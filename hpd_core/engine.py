@@ -33,7 +33,7 @@ from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import Layout, build_layout, require_token_boundary, shared_prefix_length
 from hpd_core.prompts import parse_value, shared_prefix_text
-from hpd_core.runner import ModelRunner
+from hpd_core.runner import ModelRunner, body_parameters
 from hpd_core.sampling import make_generator, select
 from hpd_core.session import Prompt, Session
 from hpd_core.spans import SpanVocabulary, product_fields
@@ -51,7 +51,7 @@ class HPDDecoder(BatchedDecoder):
         require_token_boundary(tokenizer, config.skeleton)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention,
-                                  compile_layers=config.compiles(self.device))
+                                  compile_layers=config.compiles(self.device, body_parameters(model)))
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None

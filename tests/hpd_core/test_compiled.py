@@ -1,6 +1,6 @@
 """hpd_core/compiled.py: which pieces are compiled, that they are compiled only within the engine's
 forwards, that compiled decoding equals eager decoding (float32, CPU), and the fallback to eager
-when compiling fails. (On CUDA, where ``compile_layers="auto"`` compiles, the GPU tests of
+when compiling fails. (On CUDA, with ``compile_layers="on"``, the GPU tests of
 test_session.py and test_graphs.py run compiled.)"""
 
 from __future__ import annotations
@@ -101,10 +101,13 @@ def test_the_engines_forwards_go_through_the_compiler(models, tokenizer):
     assert not any("scaled_dot_product_attention" in op for op in ops)
 
 
-def test_config_compiles_on_cuda_by_default():
-    assert DecodeConfig().compiles("cuda:0") and not DecodeConfig().compiles("cpu")
-    assert DecodeConfig(compile_layers="on").compiles("cpu")
-    assert not DecodeConfig(compile_layers="off").compiles("cuda")
+def test_config_compiles_large_models_on_cuda_by_default():
+    from hpd_core.config import COMPILE_MIN_BODY_PARAMETERS as large
+
+    auto = DecodeConfig()
+    assert auto.compiles("cuda:0", large) and not auto.compiles("cuda", large - 1) and not auto.compiles("cpu", 10 * large)
+    assert DecodeConfig(compile_layers="on").compiles("cpu", 0)
+    assert not DecodeConfig(compile_layers="off").compiles("cuda", 10 * large)
     with pytest.raises(ValueError, match="compile_layers"):
         DecodeConfig(compile_layers=True)
 

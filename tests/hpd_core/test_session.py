@@ -336,13 +336,13 @@ def test_hpd_asks_for_the_step_shape_of_its_batch_matrix_work(models, tokenizer,
 def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
     """On CUDA, float32, with fixed steps (auto, for small batches) and packed ones (what auto
     picks for heavy batches), the layers' MLPs, norms and rotary embeddings compiled
-    (compile_layers="auto"; steps recorded as CUDA graphs keep them eager): HPD and the baseline ==
+    (compile_layers="on"; steps recorded as CUDA graphs keep them eager): HPD and the baseline ==
     their CPU oracles."""
     from .conftest import parts_at_a_tie, slots_part_at_a_tie, tiny_model
 
     rng = random.Random(30)
     requests = category_requests(rng, 3)
-    config = DecodeConfig(max_value_tokens=6, max_batch_size=2, step_shape=step_shape)
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=2, step_shape=step_shape, compile_layers="on")
     cpu_model = tiny_model(arch, len(tokenizer))
     gpu_model = tiny_model(arch, len(tokenizer)).cuda()
     assert config.fixed_steps("cuda") == (step_shape == "auto")
