@@ -14,7 +14,8 @@ masked for all of the group's queries, so the result is the masked call's.
 
 Measured on the README's 96 titles (the 2-core AMD EPYC, one thread, bf16, `--spans`): a sliding
 layer's steps computed 100% of their row ranges' pairs before, 28% with the groups (18.6% are
-allowed), and HPD's timed run took 22.9 s against 24.4 s (medians of two alternating runs).
+allowed), and HPD's timed run took 25.01 s against 26.91 s (1.08x, medians of three alternating
+runs in one process; docs/benchmarks.md, "The AMD EPYC sandbox (session 36)").
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def row_plan(allowed: torch.Tensor, counts: list[int], call_pairs: int = CALL_PA
     columns): groups of consecutive queries and the one or two ranges of entries each group reads,
     covering every entry one of its queries may see. Every real query sees at least its own entry."""
     b, A, C = allowed.shape
-    column = torch.arange(C, dtype=torch.int32)
+    column = torch.arange(C, dtype=torch.int32, device=allowed.device)
     first = torch.where(allowed, column, C).amin(2)  # (b, A)
     last = torch.where(allowed, column, -1).amax(2)
     seen_before = torch.cummax(torch.where(allowed, column, -1), 2).values  # last allowed at or before each entry
-    before = torch.cat([torch.full((b, A, 1), -1, dtype=torch.int32), seen_before[..., :-1]], 2)
+    before = torch.cat([torch.full((b, A, 1), -1, dtype=torch.int32, device=allowed.device), seen_before[..., :-1]], 2)
     gap = torch.where(allowed & (before >= 0), column - before - 1, 0)  # masked entries just before an allowed one
     width, resume = gap.max(2)  # each query's largest gap inside its hull, and the entry after it
     plans = []
