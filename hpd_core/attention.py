@@ -137,9 +137,14 @@ def ranged_sdpa(
             attn_mask=fold_mask(mask[..., start:end], heads // kv_heads), scale=scale)
         for start, end in ranges
     )  # fmt: skip
+    return merge(o1, l1, o2, l2).reshape(1, heads, queries, -1)
+
+
+def merge(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """Two attentions over disjoint key sets (outputs (..., Q, D), log-sum-exps (..., Q)) as one."""
     top = torch.maximum(l1, l2)
     w1, w2 = torch.exp(l1 - top)[..., None], torch.exp(l2 - top)[..., None]
-    return ((w1 * o1.float() + w2 * o2.float()) / (w1 + w2)).to(o1.dtype).reshape(1, heads, queries, -1)
+    return ((w1 * o1.float() + w2 * o2.float()) / (w1 + w2)).to(o1.dtype)
 
 
 def sdpa(query: torch.Tensor, *args, **kwargs) -> torch.Tensor:

@@ -181,7 +181,7 @@ class ModelRunner:
             if packed:
                 kwargs["unpack"] = (group, column)
             if by_row:
-                kwargs |= {"row_queries": list(zip(starts.tolist(), counts.tolist())), "row_plan": plan,
+                kwargs |= {"row_queries": list(zip(starts.tolist(), row_counts)), "row_plan": plan,
                            "layer_windows": self.layer_window}  # fmt: skip
         if packed:
             ids, positions = tokens[None], pos[None]

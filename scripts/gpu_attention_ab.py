@@ -30,14 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpd_core.attention import fold_mask, grouped_sdpa  # noqa: E402
-
-
-def merge(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
-    """Two attentions over disjoint key sets (outputs (..., Q, D), log-sum-exps (..., Q)) as one."""
-    m = torch.maximum(l1, l2)
-    w1, w2 = torch.exp(l1 - m)[..., None], torch.exp(l2 - m)[..., None]
-    return ((w1 * o1.float() + w2 * o2.float()) / (w1 + w2)).to(o1.dtype)
+from hpd_core.attention import fold_mask, grouped_sdpa, merge  # noqa: E402
 
 
 def rest_mask(mask: torch.Tensor, prompt: int, groups: int) -> torch.Tensor:
