@@ -44,8 +44,8 @@ def row_plan(allowed: torch.Tensor, counts: list[int], call_pairs: int = CALL_PA
     gap = torch.where(allowed & (before >= 0), column - before - 1, 0)  # masked entries just before an allowed one
     width, resume = gap.max(2)  # each query's largest gap inside its hull, and the entry after it
     plans = []
-    for row, n in enumerate(counts):
-        starts, ends, gaps, resumes = (x[row, :n].tolist() for x in (first, last, width, resume))
+    for n, *per_query in zip(counts, *(x.tolist() for x in (first, last, width, resume))):  # one host copy each
+        starts, ends, gaps, resumes = (values[:n] for values in per_query)
         own = [((a, c - g), (c, z + 1)) if g else ((a, z + 1),) for a, z, g, c in zip(starts, ends, gaps, resumes)]
         plans.append(_groups(own, call_pairs))
     return plans
