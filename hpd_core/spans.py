@@ -132,6 +132,9 @@ class SpanVocabulary:
                 self.by_text.setdefault(t, []).append(i)
             elif walk(State(AFTER), t[cut + 1 :], nothing) is not None:
                 self.closers.setdefault(t[:cut], []).append(i)
+        # every non-empty beginning of a key of ``by_text`` or ``closers``: a text that is none
+        # is the beginning of no token's piece, nor is any longer text it begins
+        self.prefixes = {key[:k] for key in (*self.by_text, *self.closers) for k in range(1, len(key) + 1)}
 
     def product(self, fields) -> SpanText:
         """The rule for the slots of one product (title, description, features)."""
@@ -187,13 +190,17 @@ class SpanText:
         places = state.places
         if places is None:  # nothing read yet: a span may start anywhere
             places = tuple((f, i) for f, text in enumerate(texts) for i in range(len(text)))
+        if n:  # the string closes right away (the content is not escaped: above)
+            found.update(v.closers.get("", ()))
         for f, i in places:
             after = texts[f][i + n : i + n + MAX_TOKEN_CHARS]
             for k in range(1, len(after) + 1):
-                found.update(v.by_text.get(after[:k], ()))
-            for k in range(0 if n else 1, len(after) + 1):
-                if not _escaped(state.content + after[:k]):
-                    found.update(v.closers.get(after[:k], ()))
+                piece = after[:k]
+                if piece not in v.prefixes:
+                    break
+                found.update(v.by_text.get(piece, ()))
+                if piece in v.closers and not _escaped(state.content + piece):
+                    found.update(v.closers[piece])
         return sorted(found)
 
 
