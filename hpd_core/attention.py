@@ -37,6 +37,7 @@ padded queries.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -46,6 +47,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from hpd_core.words import word
 
 ENGINE_ATTENTION = "hpd_sdpa"
+CPU_MATMUL = True  # causal forwards in bfloat16 on a CPU attend through ``causal_matmul``
+MATMUL_DTYPES = (torch.bfloat16,)  # where it is faster than the CPU flash kernel (tests add float32)
+MATMUL_BLOCK = 64  # queries per block of a full layer in ``causal_matmul``
 WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # SDPA keeps its own order
 
 
@@ -61,7 +65,7 @@ def engine_sdpa(
     causal_width: int | None = None,  # causal forward: the grid is (rows, width), query at its own index
     layer_windows: tuple[int | None, ...] | None = None,  # causal forward: each layer's window
     bands: dict | None = None,  # causal forward: per window, [(first query, end, first entry, mask)]
-    row_queries: list[tuple[int, int]] | None = None,  # packed: per row, (first packed query, count)
+    row_queries: list[tuple[int, int, int]] | None = None,  # packed: per row, (first packed query, count, cache row)
     row_plan: dict | None = None,  # with row_queries: per window, per row, groups of queries and their entries (reach.py)
     folded: bool = False,  # the mask is already folded for grouped-query attention (``fold_mask``)
     **kwargs,
@@ -81,13 +85,17 @@ def engine_sdpa(
             raise ValueError("row-by-row attention takes the mask unfolded")
         plan = row_plan[layer_windows[module.layer_idx]]
         parts = [
-            ranged_sdpa(query[:, :, qs + q0 : qs + q1], key[i : i + 1], value[i : i + 1],
+            ranged_sdpa(query[:, :, qs + q0 : qs + q1], key[c : c + 1], value[c : c + 1],
                         attention_mask[i : i + 1, :, q0:q1], ranges, dropout, scaling)
-            for i, ((qs, _), groups) in enumerate(zip(row_queries, plan))
+            for i, ((qs, _, c), groups) in enumerate(zip(row_queries, plan))
             for q0, q1, ranges in groups
         ]  # fmt: skip
         return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
+    if causal_width is not None and matmul_applies(query, dropout):
+        runs = row_runs(*unpack, rows)
+        if runs is not None:  # on a CPU: the packed queries through matrix products, no grid
+            return causal_matmul(query, key, value, runs, bands[window] if window is not None else None, scaling), None
     if unpack is not None:  # each packed query into its (row, column) of a (rows, H, A, D) grid
         row, column = unpack
         grid = query.new_zeros(rows, heads, queries, query.shape[3])
@@ -138,6 +146,101 @@ def ranged_sdpa(
         for start, end in ranges
     )  # fmt: skip
     return merge(o1, l1, o2, l2).reshape(1, heads, queries, -1)
+
+
+def matmul_applies(query: torch.Tensor, dropout: float = 0.0) -> bool:
+    """Whether ``matmul_sdpa`` replaces the kernel: a CPU, bfloat16, no dropout, and switched on."""
+    return CPU_MATMUL and query.device.type == "cpu" and query.dtype in MATMUL_DTYPES and not dropout
+
+
+def causal_matmul(
+    query: torch.Tensor,  # (1, H, N, D) packed
+    key: torch.Tensor,  # (rows, H_kv, C, D)
+    value: torch.Tensor,  # (rows, H_kv, C, Dv)
+    runs: list[tuple[int, int, int]],  # per row: (first column, end column, first packed query), ``row_runs``
+    bands: list | None,  # a sliding layer's blocks, [(first column, end column, first entry, mask)]; None: full
+    scale: float | None = None,
+) -> torch.Tensor:
+    """A causal forward's attention, (1, N, H, Dv), as matrix products and a float32 softmax, for
+    each row's packed queries (no grid, no padding query computed) in blocks of columns: in a full
+    layer blocks of ``MATMUL_BLOCK`` queries, each over the entries up to its last query, the ones
+    after each query masked; in a sliding layer the runner's bands, each over its entries with the
+    rule's mask. For each K/V head its G query heads are folded into the rows of one product (no
+    K/V copy). The scores are as exact as the CPU flash kernel's float32 accumulators (``scores``);
+    the probabilities are rounded to the values' dtype before their product with them, as that
+    kernel also does."""
+    _, heads, packed, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    scale = dim**-0.5 if scale is None else scale
+    exact = math.frexp(scale)[0] == 0.5  # a power of two scales the queries exactly, before the products
+    out = query.new_empty(packed, heads, value.shape[3])
+    for r, (first, end, p0) in enumerate(runs):
+        blocks = bands if bands is not None else [(qs, min(end, qs + MATMUL_BLOCK), 0, None)
+                                                  for qs in range(first, end, MATMUL_BLOCK)]  # fmt: skip
+        for qs, qe, ks, mask in blocks:
+            lo, hi = max(qs, first), min(qe, end)  # this row's queries in the block
+            if lo >= hi:
+                continue
+            n, at = hi - lo, slice(p0 + lo - first, p0 + hi - first)
+            for h in range(kv_heads):
+                heads_of = slice(h * groups, (h + 1) * groups)
+                q = query[0, heads_of, at]
+                q = (q * scale if exact else q).reshape(groups * n, dim)
+                s = scores(q, key[r, h, ks:hi].t()).view(groups, n, hi - ks)
+                if not exact:
+                    s.mul_(scale)
+                if mask is None:
+                    s[:, :, lo:hi].masked_fill_(_above_diagonal(n, s.device), float("-inf"))
+                else:
+                    s.add_(mask[r, 0, lo - qs : hi - qs, : hi - ks])
+                out[at, heads_of] = (torch.softmax(s, -1).to(value.dtype) @ value[r, h, ks:hi]).transpose(0, 1)
+    return out[None]
+
+
+def matmul_applies(query: torch.Tensor, dropout: float = 0.0) -> bool:
+    """Whether ``causal_matmul`` replaces the kernel: a CPU, bfloat16, no dropout, switched on."""
+    return CPU_MATMUL and query.device.type == "cpu" and query.dtype in MATMUL_DTYPES and not dropout
+
+
+def row_runs(row: torch.Tensor, column: torch.Tensor, rows: int) -> list[tuple[int, int, int]] | None:
+    """Per cache row, (first column, end column, first packed query) of its packed queries, if each
+    row's queries are consecutive columns in consecutive packed places, rows in order (a prefill);
+    else None."""
+    if row.numel() == 0:
+        return None
+    new = torch.ones_like(row, dtype=torch.bool)
+    new[1:] = row[1:] != row[:-1]
+    step = torch.ones_like(row)
+    step[1:] = column[1:] - column[:-1]
+    starts = new.nonzero().flatten()
+    if not bool(((step == 1) | new).all()) or starts.numel() != rows or not bool((row[starts] == torch.arange(rows)).all()):
+        return None
+    ends = torch.cat([starts[1:], starts.new_tensor([row.numel()])])
+    return list(zip(column[starts].tolist(), (column[ends - 1] + 1).tolist(), starts.tolist()))
+
+
+def scores(query: torch.Tensor, key_t: torch.Tensor) -> torch.Tensor:
+    """(M, D) @ (D, C) as float32. A bfloat16 product accumulates in float32 but rounds its result
+    to bfloat16 (about 3 significant digits: 0.25 on a score of 78); its rounding error is a second
+    product that subtracts the first before rounding (``addmm``, beta = -1), so the sum of the two
+    is within about 1e-5 relative of the exact scores, as the CPU flash kernel's float32
+    accumulators are. PyTorch has no bfloat16 product with a float32 result on CPUs, and a float32
+    product of the converted operands runs at a third of the speed of the two."""
+    first = query @ key_t
+    if query.dtype == torch.float32:
+        return first
+    return torch.addmm(first, query, key_t, beta=-1).float().add_(first)
+
+
+def _above_diagonal(n: int, device) -> torch.Tensor:
+    """(n, n) bool, True above the diagonal (cached)."""
+    if (n, str(device)) not in _ABOVE:
+        _ABOVE[n, str(device)] = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+    return _ABOVE[n, str(device)]
+
+
+_ABOVE: dict = {}
 
 
 def merge(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,9 @@ class Write:
     rows: (N,) cache row of each query token, in the order the model sees the tokens (packed or
         padded row-major); index: (N,) the entry it writes; read_rows: the rows attention reads,
         (b,) in query-row order, or None for all rows; end: entries [0, end) are read; kind:
-        "prefix", "prefill" or "step" and taking_part: rows with queries (read by counters).
+        "prefix", "prefill" or "step" and taking_part: rows with queries (read by counters);
+        gather: attention reads ``read_rows`` only, gathered (else every row, and attention picks
+        its rows itself: the CPU's row-by-row steps).
     """
 
     rows: torch.Tensor
@@ -42,6 +44,7 @@ class Write:
     end: int
     kind: str = "step"
     taking_part: int = 0
+    gather: bool = True
 
 
 class RowCache:
@@ -91,7 +94,7 @@ class RowCache:
             new = new.transpose(1, 2).reshape(-1, new.shape[1], new.shape[3])
             at = word(store, new)
             store.view(at)[w.rows, :, w.index] = new.view(at)
-        if w.read_rows is None:
+        if w.read_rows is None or not w.gather:
             return keys[:, :, : w.end], values[:, :, : w.end]
         return tuple(t.view(word(t))[w.read_rows, :, : w.end].view(t.dtype) for t in (keys, values))
 

@@ -146,6 +146,7 @@ class ModelRunner:
             if b == cache.rows and bool((read_rows == torch.arange(b, device=rows.device)).all()):
                 read_rows = None
         packed = self.engine_sdpa and place is not None
+        by_row = False  # a CPU step attending row by row (below)
         if packed and causal and self.causal_ok:
             # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule of
             # full layers; sliding layers read, per block of queries, only the entries its window
@@ -181,7 +182,8 @@ class ModelRunner:
             if packed:
                 kwargs["unpack"] = (group, column)
             if by_row:
-                kwargs |= {"row_queries": list(zip(starts.tolist(), row_counts)), "row_plan": plan,
+                cache_rows = read_rows.tolist() if read_rows is not None else range(b)  # K/V: every row, not gathered
+                kwargs |= {"row_queries": list(zip(starts.tolist(), row_counts, cache_rows)), "row_plan": plan,
                            "layer_windows": self.layer_window}  # fmt: skip
         if packed:
             ids, positions = tokens[None], pos[None]
@@ -190,7 +192,7 @@ class ModelRunner:
             ids, positions = self._grid(tokens, b, A, place, self.pad_id), grid_pos
             write_rows = (read_rows if read_rows is not None else torch.arange(b, device=rows.device))
             write_rows, write_index = write_rows.repeat_interleave(A), grid_index.reshape(-1)
-        cache.write = Write(write_rows, write_index, read_rows, end, kind, b)
+        cache.write = Write(write_rows, write_index, read_rows, end, kind, b, gather=not by_row)
         self.passed(kind, ids.numel(), b)
         context = engine_attention(self.body.config, self.cudnn_attention) if self.engine_sdpa else nullcontext()
         with context, self.compiled.active() if self.compiled is not None else nullcontext():

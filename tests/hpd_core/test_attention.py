@@ -110,3 +110,52 @@ def test_attention_over_two_ranges_is_the_masked_call(heads, kv_heads):
     wide = torch.cat([v, v], -1)  # another head size: one call over the hull
     torch.testing.assert_close(ranged_sdpa(q, k, wide, mask, ((3, 15), (28, 37)), scale=0.3),
                                sdpa(q, k, wide, mask, scale=0.3), rtol=1e-5, atol=1e-6)
+
+
+def test_compensated_bfloat16_scores_are_as_exact_as_float32_accumulators():
+    """``attention.scores``: two bfloat16 products (the second subtracting the first's rounded
+    result) come within float32 accumulation of the exact scores; one product alone, rounded to
+    bfloat16, is about a thousand times further off."""
+    from hpd_core.attention import scores
+
+    torch.manual_seed(0)
+    q, k = torch.randn(64, 256).bfloat16(), (2 * torch.randn(300, 256)).bfloat16()
+    exact = q.double() @ k.double().T
+    error = (scores(q, k.T).double() - exact).abs().max().item()
+    rounded = ((q @ k.T).double() - exact).abs().max().item()
+    float32 = ((q.float() @ k.float().T).double() - exact).abs().max().item()
+    assert scores(q, k.T).dtype == torch.float32
+    assert error < 1e-4 * exact.abs().max().item() and error < 100 * float32
+    assert rounded > 100 * error
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
+def test_causal_matmul_is_sdpas_causal_attention(dtype, tolerance, monkeypatch):
+    """``attention.causal_matmul`` over packed queries (rows with a prefix before their queries, of
+    different lengths; blocks of 3) == SDPA's causal call over the grid at the queries' places, in
+    float32 and, with bfloat16 rounding, in bfloat16; a band with its mask too."""
+    import hpd_core.attention as attention
+
+    torch.manual_seed(3)
+    rows, C, heads, kv_heads, D = 2, 11, 4, 2, 8
+    runs = [(3, 11, 0), (0, 6, 8)]  # (first column, end column, first packed query)
+    query = torch.randn(1, heads, 14, D, dtype=dtype)
+    key, value = torch.randn(rows, kv_heads, C, D, dtype=dtype), torch.randn(rows, kv_heads, C, D, dtype=dtype)
+    grid = torch.zeros(rows, heads, C, D, dtype=dtype)
+    for r, (first, end, p0) in enumerate(runs):
+        grid[r, :, first:end] = query[0, :, p0 : p0 + end - first]
+    expected = F.scaled_dot_product_attention(grid.double(), key.double(), value.double(), is_causal=True,
+                                              scale=0.25, enable_gqa=True)  # fmt: skip
+    monkeypatch.setattr(attention, "MATMUL_BLOCK", 3)
+    out = attention.causal_matmul(query, key, value, runs, None, 0.25)  # (1, N, H, D)
+    near = torch.arange(C)[:, None] - torch.arange(C)[None, :]  # query index - entry index
+    band_mask = torch.where((near >= 0) & (near < 4), 0.0, torch.finfo(dtype).min).to(dtype)[None, None].expand(rows, 1, C, C)
+    bands = [(qs, min(qs + 5, C), max(0, qs - 3), band_mask[..., qs : qs + 5, max(0, qs - 3) : qs + 5]) for qs in range(0, C, 5)]
+    banded = attention.causal_matmul(query, key, value, runs, bands, 0.3)
+    windowed = F.scaled_dot_product_attention(grid.double(), key.double(), value.double(),
+                                              attn_mask=band_mask.double(), scale=0.3, enable_gqa=True)  # fmt: skip
+    for r, (first, end, p0) in enumerate(runs):
+        got = out[0, p0 : p0 + end - first].transpose(0, 1).double()
+        torch.testing.assert_close(got, expected[r, :, first:end], atol=tolerance, rtol=0)
+        got = banded[0, p0 : p0 + end - first].transpose(0, 1).double()
+        torch.testing.assert_close(got, windowed[r, :, first:end], atol=tolerance, rtol=0)

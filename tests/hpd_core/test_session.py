@@ -232,6 +232,34 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
         assert len({qs for qs, *_ in blocks}) > 2 and any(ks > 0 for _, _, ks, _ in blocks)
 
 
+@pytest.mark.parametrize("arch, band_block", [("llama", None), ("qwen3", None), ("gemma3", 8), ("qwen3-swa", 5),
+                                              ("mistral-swa", 64)])  # fmt: skip
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_matmul_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_block, decoder_name, monkeypatch):
+    """The CPU's causal forwards through matrix products (``attention.causal_matmul``: each row's
+    packed queries in blocks, no grid; sliding layers over the runner's bands), forced here in
+    float32, give the same tokens and logits as the rule's mask, for both decoders, with shared
+    prefixes, refilled rows and windows smaller than the prompts; blocks this small split the
+    prompts into many."""
+    import hpd_core.attention as attention
+
+    monkeypatch.setattr(attention, "MATMUL_DTYPES", (torch.float32,))
+    monkeypatch.setattr(attention, "MATMUL_BLOCK", 3)
+    calls = []
+    plain = attention.causal_matmul
+    monkeypatch.setattr(attention, "causal_matmul", lambda *a, **k: calls.append(a[4] is not None) or plain(*a, **k))
+    rng = random.Random(5)
+    requests = category_requests(rng, 4)
+    config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
+    fast = make_decoder(decoder_name, models[arch], tokenizer, config)
+    slow = make_decoder(decoder_name, models[arch], tokenizer, config)
+    slow.runner.causal_ok = False
+    if band_block is not None:
+        fast.runner.band_block = band_block
+    assert_same_decoding(fast, slow, requests, rng)
+    assert calls and (band_block is None or True in calls)  # every arch's full layers, and sliding ones
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3-swa", "mistral-swa"])
 def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokenizer, arch):
     """CPU steps whose rows hold several queries attend row by row, each row's real queries in
