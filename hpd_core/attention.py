@@ -16,6 +16,9 @@ rule. The CPU kernel then skips the blocks above the diagonal, and nobody builds
 Sliding-window layers of such a forward take ``bands`` instead (built by the runner): blocks of
 queries, each attending only to the entries its window can reach, through the rule's own mask over
 that band, so a long prompt's prefill costs each query about a window of keys, not the whole row.
+On a CPU in bfloat16 a causal forward attends through matrix products instead (``causal_matmul``:
+each row's packed queries in blocks, scores as exact as the flash kernel's, a float32 softmax),
+since PyTorch's CPU flash kernel reaches about a third of their speed at these head sizes.
 On a CPU, a packed step whose rows hold several queries (HPD's) goes row by row instead
 (``row_queries``, ``row_plan``, from the runner): each row's real queries, in groups, over views of
 one or two ranges of its keys and values that hold every entry one of the group's queries may see
@@ -148,11 +151,6 @@ def ranged_sdpa(
     return merge(o1, l1, o2, l2).reshape(1, heads, queries, -1)
 
 
-def matmul_applies(query: torch.Tensor, dropout: float = 0.0) -> bool:
-    """Whether ``matmul_sdpa`` replaces the kernel: a CPU, bfloat16, no dropout, and switched on."""
-    return CPU_MATMUL and query.device.type == "cpu" and query.dtype in MATMUL_DTYPES and not dropout
-
-
 def causal_matmul(
     query: torch.Tensor,  # (1, H, N, D) packed
     key: torch.Tensor,  # (rows, H_kv, C, D)
@@ -214,7 +212,7 @@ def row_runs(row: torch.Tensor, column: torch.Tensor, rows: int) -> list[tuple[i
     step = torch.ones_like(row)
     step[1:] = column[1:] - column[:-1]
     starts = new.nonzero().flatten()
-    if not bool(((step == 1) | new).all()) or starts.numel() != rows or not bool((row[starts] == torch.arange(rows)).all()):
+    if not bool(((step == 1) | new).all()) or starts.numel() != rows or not bool((row[starts] == torch.arange(rows, device=row.device)).all()):
         return None
     ends = torch.cat([starts[1:], starts.new_tensor([row.numel()])])
     return list(zip(column[starts].tolist(), (column[ends - 1] + 1).tolist(), starts.tolist()))
@@ -226,7 +224,7 @@ def scores(query: torch.Tensor, key_t: torch.Tensor) -> torch.Tensor:
     product that subtracts the first before rounding (``addmm``, beta = -1), so the sum of the two
     is within about 1e-5 relative of the exact scores, as the CPU flash kernel's float32
     accumulators are. PyTorch has no bfloat16 product with a float32 result on CPUs, and a float32
-    product of the converted operands runs at a third of the speed of the two."""
+    product of the converted operands ran at about half the speed of the two (one thread, AVX-512 BF16)."""
     first = query @ key_t
     if query.dtype == torch.float32:
         return first
