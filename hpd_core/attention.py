@@ -71,6 +71,7 @@ def engine_sdpa(
     row_queries: list[tuple[int, int, int]] | None = None,  # packed: per row, (first packed query, count, cache row)
     row_plan: dict | None = None,  # with row_queries: per window, per row, groups of queries and their entries (reach.py)
     folded: bool = False,  # the mask is already folded for grouped-query attention (``fold_mask``)
+    runs: list | None = None,  # causal forward: ``row_runs(*unpack, rows)``, computed once by the runner
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Returns the attention output as (rows, A, H, Dv), or (1, N, H, Dv) for packed queries."""
@@ -96,7 +97,7 @@ def engine_sdpa(
         return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
     if causal_width is not None and matmul_applies(query, dropout):
-        runs = row_runs(*unpack, rows)
+        runs = runs if runs is not None else row_runs(*unpack, rows)
         if runs is not None:  # on a CPU: the packed queries through matrix products, no grid
             return causal_matmul(query, key, value, runs, bands[window] if window is not None else None, scaling), None
     if unpack is not None:  # each packed query into its (row, column) of a (rows, H, A, D) grid

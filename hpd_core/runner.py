@@ -35,7 +35,7 @@ from typing import Iterator
 import torch
 
 from hpd_core import masks
-from hpd_core.attention import engine_attention, fold_mask, uses_sdpa
+from hpd_core.attention import engine_attention, fold_mask, row_runs, uses_sdpa
 from hpd_core.compiled import CompiledLayers
 from hpd_core.kvcache import RowCache, Write
 from hpd_core.reach import CALL_PAIRS, row_plan
@@ -154,6 +154,8 @@ class ModelRunner:
             unused = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device)
             mask = masks.for_layers(self.windows, lambda window: unused)
             kwargs = {"unpack": (group, index), "causal_width": end}
+            if rows.device.type == "cpu":  # each row's run of queries, for attention.causal_matmul (once per forward)
+                kwargs["runs"] = row_runs(group, index, b)
             if any(window is not None for window in self.layer_window):
                 keys = cache.keys_of(read_rows, end)
                 kwargs["layer_windows"] = self.layer_window
