@@ -13,7 +13,7 @@ from bench.decoders import decode
 from bench.measure import PassCounter, TimingConfig, matmul_flops
 from bench.report import load_average, write_json
 from bench.workload import (
-    SyntheticSpec, Workload, floor_input_tokens, matched_baseline, records_workload, synthetic_workload,
+    SyntheticSpec, Workload, answer_value_tokens, floor_input_tokens, matched_baseline, records_workload, synthetic_workload,
 )  # fmt: skip
 from hpd_core.config import DecodeConfig
 
@@ -53,7 +53,7 @@ def run_single(
     baseline = workload if base_J == args.docs_per_prompt else build_workload(args, tokenizer, decode_cfg, base_J)
     if args.baseline_lengths == "matched":
         lengths = {
-            (p.product_id, a.name): len(tokens)
+            (p.product_id, a.name): answer_value_tokens(tokenizer, tokens)
             for r in decode("hpd", decoders["hpd"], workload)
             for (p, a, _), tokens in zip(r.items(), r.extra["slot_tokens"])
         }

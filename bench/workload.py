@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from datafiles.dataset import read_attributes, read_records
 from hpd_core.layout import build_layout, encode
-from hpd_core.prompts import answer_prefix, product_text, render_prompt, skeleton_segments, value_suffix
+from hpd_core.prompts import TERMINATORS, answer_prefix, product_text, render_prompt, skeleton_segments, value_suffix
 from hpd_core.types import Attribute, Product, Request
 
 VALUE_LENGTH_DISTS = ("uniform", "geometric")
@@ -180,6 +180,13 @@ def records_workload(
         "slots": sum(r.num_slots for r in requests),
     }
     return Workload("records", tuple(requests), info=info)
+
+
+def answer_value_tokens(tokenizer, tokens: list[int]) -> int:
+    """The tokens a value takes in the baseline's JSON answer, terminator included, from the tokens
+    HPD generated for it: those, plus one for the terminator HPD does not ask for after a complete
+    value (a closed string, null: stopping.py) or after a value cut at K_max."""
+    return len(tokens) + (not tokenizer.decode(tokens).rstrip(" \t\r").endswith(tuple(TERMINATORS)))
 
 
 def matched_baseline(workload: Workload, value_lengths: dict[tuple[str, str], int], tokenizer, max_value_tokens: int) -> Workload:

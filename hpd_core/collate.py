@@ -4,8 +4,10 @@ HPD (``hpd_features``): the sequence is the engine's training view (DESIGN.md se
 skeleton with each slot's gold value tokens inserted after its key (``reference.logical_sequence``),
 gapped positions, generation index g (0 for prompt/skeleton, k for value token k) and the mask
 ``masks.training_allowed``. A slot's gold tokens v1..vK are ``render_value(value, terminator)``
-tokenized on their own, as the engine splits key and value. The final token vK (the one holding the
-terminator) is produced but never fed, so the inputs are v1..v(K-1) and the labels are
+tokenized on their own, as the engine splits key and value, up to the token that completes the
+value, where the engine stops (stopping.py: a string's closing quote, null's last letter; a
+terminator in a token of its own after them is not generated). The final token vK is produced but
+never fed, so the inputs are v1..v(K-1) and the labels are
 anchor -> v1, v1 -> v2, ..., v(K-1) -> vK; every other token has label ``IGNORE``. A value longer
 than K_max tokens is cut to its first K_max tokens, exactly what the engine would produce before
 flagging the slot truncated: those K_max labels are still correct next tokens, so they are kept.
@@ -31,6 +33,7 @@ from hpd_core import masks
 from hpd_core.layout import build_layout, encode, encode_prompt
 from hpd_core.prompts import answer_prefix, render_answer, render_prompt, render_value, value_suffix
 from hpd_core.reference import logical_sequence
+from hpd_core.stopping import DONE, START, advance, token_text
 from hpd_core.types import Attribute, Product, Request
 
 IGNORE = -100  # label of tokens that carry no loss (torch cross_entropy's ignore_index)
@@ -110,13 +113,23 @@ def stack_examples(
 
 
 def value_tokens(tokenizer, example: Example) -> list[list[int]]:
-    """Per slot (product-major): the gold value's tokens as HPD generates them (not yet cut)."""
+    """Per slot (product-major): the gold value's tokens as HPD generates them (not yet cut at K_max)."""
     request = example.request
     n_attr = len(request.attributes)
     return [
-        encode(tokenizer, render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s)))
+        until_complete(tokenizer, encode(tokenizer, render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s))))
         for s in range(request.num_slots)
     ]
+
+
+def until_complete(tokenizer, tokens: list[int]) -> list[int]:
+    """``tokens`` up to the one with which the value is complete (stopping.py), all if none is."""
+    state = START
+    for i, token in enumerate(tokens):
+        state = advance(state, token_text(tokenizer, token))
+        if state == DONE:
+            return tokens[: i + 1]
+    return tokens
 
 
 def hpd_features(tokenizer, example: Example, k_max: int, skeleton: str = "after-products") -> Features:

@@ -100,7 +100,7 @@ class HPDDecoder(BatchedDecoder):
     ) -> list[Result]:
         """Decode one batch (one session). ``forced[b][s]`` (teacher forcing): feed these tokens
         instead of the chosen ones (still chosen, as in free decoding) and stop each slot after
-        them; with ``record_logits`` also return the logits of every step in
+        them, not before (the stop rule does not cut a forced value short); with ``record_logits`` also return the logits of every step in
         ``result.extra["step_logits"]`` (slots, K, V), a test tool."""
         if forced is not None and self.spans is not None:
             raise ValueError("teacher forcing and span decoding do not go together")
@@ -184,7 +184,12 @@ class HPDSession(Session):
         self.out[r, s, 0] = new
         self.n_gen[r, s] = 1
         self.state[r, s] = self.decoder.table[START, new]
-        self.active[r, s] = (self.state[r, s] != DONE) & (self.limit[r, s] > 1)
+        self.active[r, s] = self.unfinished(self.state[r, s]) & (self.limit[r, s] > 1)
+
+    def unfinished(self, state: torch.Tensor) -> torch.Tensor:
+        """Which slots' values go on: not complete yet (stopping.py); when teacher forcing, every
+        slot until its forced tokens are all fed (its ``limit``)."""
+        return state != DONE if self.force is None else torch.ones_like(state, dtype=torch.bool)
 
     def choose(self, hidden: torch.Tensor, r: torch.Tensor, s: torch.Tensor, k: torch.Tensor, fed=None) -> torch.Tensor:
         """Tokens for the queries (r, s) at value index k from their hidden states (forced if
@@ -238,7 +243,7 @@ class HPDSession(Session):
         self.n_gen[r, s] += 1
         self.state[r, s] = self.decoder.table[self.state[r, s], new]
         self.tokens[r, s] = new
-        self.active[r, s] = (self.state[r, s] != DONE) & (self.n_gen[r, s] < self.limit[r, s])
+        self.active[r, s] = self.unfinished(self.state[r, s]) & (self.n_gen[r, s] < self.limit[r, s])
         busy = counts > 0
         self.passes += busy
         self.step_of += busy
@@ -265,7 +270,7 @@ class HPDSession(Session):
         state = self.state.view(-1)
         state.copy_(torch.where(act, self.decoder.table[state, new], state))
         self.tokens.view(-1).copy_(new)
-        self.active.view(-1).copy_(act & (state != DONE) & (n_gen < self.limit.view(-1)))
+        self.active.view(-1).copy_(act & self.unfinished(state) & (n_gen < self.limit.view(-1)))
         busy = act.view(R, S).any(1)
         self.passes += busy
         self.step_of += busy

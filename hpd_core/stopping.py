@@ -1,10 +1,17 @@
 """When does a slot's value end? A tiny JSON-value state machine, tabulated per token.
 
 The machine reads the characters a slot generates: optional whitespace, then either a JSON string
-(with backslash escapes) or a bare literal (null, a number, ...), then a terminator (``,``, newline
-or ``}``). Reaching DONE ends the slot. ``transition_table`` runs every vocabulary token's text
-through the machine from every state once, so the decode loop advances all slots with one tensor
-lookup per step: ``state = table[state, token]``. ``advance`` is the slow reference it is built from.
+(with backslash escapes) or a bare literal (null, a number, ...). A value ends as soon as it is
+complete: a string at its closing quote, the literal ``null`` at its last letter, any other bare
+literal (a number) at the terminator after it (``,``, newline or ``}``), which is the first place
+it is known to be complete. Reaching DONE ends the slot. In HPD the skeleton holds the answer's
+structure, so the terminator a value would be followed by in the JSON answer is never asked of
+the model: on the README's 96 titles 566 of 1,056 values were ``null`` and their terminators were
+567 of the 2,584 tokens the steps fed (session 38). The value read is the same either way
+(``prompts.parse_value`` reads a closed string up to its quote and a bare literal up to a
+terminator). ``transition_table`` runs every vocabulary token's text through the machine from
+every state once, so the decode loop advances all slots with one tensor lookup per step:
+``state = table[state, token]``. ``advance`` is the slow reference it is built from.
 """
 
 from __future__ import annotations
@@ -15,9 +22,10 @@ import weakref
 
 from hpd_core.prompts import TERMINATORS
 
-START, STRING, ESCAPE, AFTER_STRING, BARE, DONE = range(6)
-NUM_STATES = 6
+START, STRING, ESCAPE, BARE, DONE, N, NU, NUL = range(8)  # N, NU, NUL: a bare literal that began "n", "nu", "nul"
+NUM_STATES = 8
 WHITESPACE = " \t\r"
+_NULL_NEXT = {N: ("u", NU), NU: ("l", NUL), NUL: ("l", DONE)}  # the letter that goes on spelling null
 
 
 def advance(state: int, text: str) -> int:
@@ -30,18 +38,22 @@ def advance(state: int, text: str) -> int:
                 state = STRING
             elif ch in TERMINATORS:
                 state = DONE  # empty value: ends, parses as null
+            elif ch == "n":
+                state = N
             elif ch not in WHITESPACE:
                 state = BARE
         elif state == STRING:
             if ch == "\\":
                 state = ESCAPE
             elif ch == '"':
-                state = AFTER_STRING
+                state = DONE  # a closed string is complete
         elif state == ESCAPE:
             state = STRING
-        elif state in (AFTER_STRING, BARE):
-            if ch in TERMINATORS:
-                state = DONE
+        elif ch in TERMINATORS:  # a bare literal (BARE, N, NU, NUL) ends at its terminator
+            state = DONE
+        elif state != BARE:  # N, NU, NUL: null spelled on, or another literal
+            letter, after = _NULL_NEXT[state]
+            state = after if ch == letter else BARE
     return state
 
 
@@ -113,7 +125,14 @@ def column(text: str) -> tuple[int, ...]:
     if _MARKS.search(text):
         return tuple(advance(state, text) for state in range(NUM_STATES))
     if not text:
-        return (START, STRING, ESCAPE, AFTER_STRING, BARE, DONE)
-    # START: whitespace keeps it, anything else begins a bare literal; ESCAPE: the first character
-    # is escaped and the string goes on; the others see nothing that moves them
-    return (START if not text.strip(WHITESPACE) else BARE, STRING, STRING, AFTER_STRING, BARE, DONE)
+        return tuple(range(NUM_STATES))
+    # START: whitespace keeps it, an "n" may begin null, anything else begins a bare literal;
+    # ESCAPE: the first character is escaped and the string goes on; N, NU, NUL: the first
+    # character spells null on or makes it another literal; the others see nothing that moves them
+    out = [START if not text.strip(WHITESPACE) else BARE, STRING, STRING, BARE, DONE, BARE, BARE, BARE]
+    if text.lstrip(WHITESPACE).startswith("n"):
+        out[START] = advance(START, text)
+    for state, (letter, _) in _NULL_NEXT.items():
+        if text[0] == letter:
+            out[state] = advance(state, text)
+    return tuple(out)

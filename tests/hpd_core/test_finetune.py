@@ -16,14 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from hpd_core.autoregressive import AutoregressiveDecoder
-from hpd_core.collate import IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, value_tokens
+from hpd_core.collate import (IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, until_complete,
+                               value_tokens)
 from hpd_core.config import DecodeConfig, ModelConfig, TrainConfig
 from hpd_core.engine import HPDDecoder
 from hpd_core.finetune import collate_for, mean_loss, prepare_model, remaining, save, token_losses, train
-from hpd_core.layout import build_layout
+from hpd_core.layout import build_layout, encode
 from hpd_core.models import load_model
-from hpd_core.prompts import answer_prefix, render_answer, render_value, value_suffix
-from hpd_core.types import Product
+from hpd_core.prompts import answer_prefix, parse_value, render_answer, render_value, value_suffix
+from hpd_core.stopping import DONE, START, advance
+from hpd_core.types import Product, Value
 
 from .conftest import ARCHITECTURES, WORDS, random_request, random_text, tiny_model
 
@@ -75,6 +77,21 @@ def engine_losses(model, tokenizer, examples) -> torch.Tensor:
             logits = result.extra["step_logits"][s, : len(tokens)]  # (k, V): index k predicts token k+1
             losses.append(F.cross_entropy(logits, torch.tensor(tokens), reduction="none"))
     return torch.cat(losses)
+
+
+@pytest.mark.parametrize("value", [None, "Acme", 'say "hi"', "a, b"])
+@pytest.mark.parametrize("terminator", [",", "\n"])
+def test_gold_values_end_where_the_engine_stops(tokenizer, value, terminator):
+    """The training view's gold tokens end with the token that completes the value, where the
+    engine stops (stopping.py): a terminator in a token of its own after it is left out."""
+    tokens = encode(tokenizer, render_value(value, terminator))
+    cut = until_complete(tokenizer, tokens)
+    assert cut == tokens[: len(cut)]
+    assert advance(START, tokenizer.decode(cut)) == DONE
+    assert all(advance(START, tokenizer.decode(cut[:n])) != DONE for n in range(len(cut)))
+    assert parse_value(tokenizer.decode(cut), finished=True) == Value(value)
+    if value is None:  # nothing after null's last letter
+        assert tokenizer.decode(cut).strip() == "null"
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -131,7 +148,10 @@ def test_hpd_labels_are_the_gold_values(tokenizer):
         expected = []
         for s in range(request.num_slots):
             text = render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s))
-            expected += tokenizer(text, add_special_tokens=False)["input_ids"][:K_MAX]
+            tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+            # up to the token that completes the value (a terminator of its own after it is not generated)
+            n = next(n for n in range(1, len(tokens) + 1) if advance(START, tokenizer.decode(tokens[:n])) == DONE)
+            expected += tokens[:n][:K_MAX]
         assert labelled == expected
         assert max(f.gen) <= K_MAX - 1  # the K_max-th token is a label only, never an input
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpd_core.prompts import parse_answer, parse_value, render_answer, render_value
-from hpd_core.stopping import (AFTER_STRING, BARE, DONE, NUM_STATES, START, STRING, advance, column, token_text, token_texts,
+from hpd_core.stopping import (BARE, DONE, NUL, NUM_STATES, START, STRING, advance, column, token_text, token_texts,
                                transition_table)
 from hpd_core.types import Attribute, Product, Request, Value
 
@@ -19,15 +19,20 @@ from hpd_core.types import Attribute, Product, Request, Value
     [
         ([' "', "Acme", '",'], 2),  # closing quote shares a token with the comma
         ([' "', "Acme", '"\n'], 2),  # ... or with the newline
-        ([' "', "Acme", '"', ","], 3),
-        ([" null", ","], 1),
-        ([" null", "\n"], 1),
+        ([' "', "Acme", '"', ","], 2),  # a closed string is complete: its terminator is not awaited
+        ([" null", ","], 0),  # ... nor null's
+        ([" null", "\n"], 0),
         ([" null,"], 0),
+        ([" nu", "ll", ","], 1),  # null across tokens
+        ([" n", "one", ","], 2),  # a bare literal that is not null waits for its terminator
+        ([" nu", "t", "\n"], 2),
         ([' "', 'say \\"hi\\"', '",'], 2),  # escaped quotes do not close the string
         ([' "', "a\\", '"', 'b",'], 3),  # an escaped quote split across tokens
-        ([' "', "a,b\n}", '"', "}"], 3),  # terminators inside the string do not count
-        ([" 42", "}"], 1),
-        ([' "', "x", '"'], None),  # closed but no terminator yet
+        ([' "', "a,b\n}", '"', "}"], 2),  # terminators inside the string do not count
+        ([' "', "null", '"'], 2),  # "null" inside a string is a string
+        ([" 42", "}"], 1),  # a number may go on until its terminator
+        ([" 42"], None),
+        ([' "', "x"], None),  # not closed yet
     ],
 )
 def test_advance_stops_where_the_value_closes(pieces, done_at):
@@ -42,22 +47,24 @@ def test_advance_stops_where_the_value_closes(pieces, done_at):
 
 def test_states():
     assert advance(START, '  "ab') == STRING
-    assert advance(START, ' "ab"') == AFTER_STRING
-    assert advance(START, " nul") == BARE
+    assert advance(START, ' "ab"') == DONE
+    assert advance(START, " nul") == NUL
+    assert advance(START, " nul ") == BARE
+    assert advance(START, " 4") == BARE
 
 
 def test_table_agrees_with_advance(tokenizer):
     table = transition_table(tokenizer, vocab_size=len(tokenizer) + 3)
-    assert table.shape == (6, len(tokenizer) + 3)
+    assert table.shape == (NUM_STATES, len(tokenizer) + 3)
     special = set(tokenizer.all_special_ids)
     for token_id in range(table.shape[1]):
-        for state in range(6):
+        for state in range(NUM_STATES):
             expected = DONE if token_id in special else advance(state, token_text(tokenizer, token_id))
             assert table[state, token_id] == expected
 
 
 @settings(max_examples=2000, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from(list(' \t\r\n",}\\{:ab0\u3000\u00a0\ufffd')), max_size=8))
+@given(text=st.text(alphabet=st.sampled_from(list(' \t\r\n",}\\{:ablnu0\u3000\u00a0\ufffd')), max_size=8))
 def test_a_tokens_column_is_advance_from_every_state(text):
     """The table's shortcut for tokens without a quote, backslash or terminator equals the machine."""
     assert column(text) == tuple(advance(state, text) for state in range(NUM_STATES))
