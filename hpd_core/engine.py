@@ -100,8 +100,9 @@ class HPDDecoder(BatchedDecoder):
     ) -> list[Result]:
         """Decode one batch (one session). ``forced[b][s]`` (teacher forcing): feed these tokens
         instead of the chosen ones (still chosen, as in free decoding) and stop each slot after
-        them, not before (the stop rule does not cut a forced value short); with ``record_logits`` also return the logits of every step in
-        ``result.extra["step_logits"]`` (slots, K, V), a test tool."""
+        them, not before (the stop rule does not cut a forced value short); with
+        ``record_logits`` also return the logits of every step in ``result.extra["step_logits"]``
+        (slots, K, V), a test tool."""
         if forced is not None and self.spans is not None:
             raise ValueError("teacher forcing and span decoding do not go together")
         if forced is not None:
