@@ -205,6 +205,18 @@ def test_causal_attention_is_the_index_rule():
     torch.testing.assert_close(causal, masked, atol=1e-6, rtol=0)
 
 
+def causal_and_masked(decoder_name, model, tokenizer, band_block):
+    """Two decoders of the model: one whose prefills take the causal paths (sliding layers in blocks
+    of ``band_block`` queries, if given), one whose prefills go through the rule's mask."""
+    config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
+    fast = make_decoder(decoder_name, model, tokenizer, config)
+    slow = make_decoder(decoder_name, model, tokenizer, config)
+    slow.runner.causal_ok = False
+    if band_block is not None:
+        fast.runner.band_block = band_block
+    return fast, slow
+
+
 @pytest.mark.parametrize("arch, band_block", [("llama", None), ("qwen3", None), ("phi3", None), ("gemma3", 8),
                                               ("qwen3-swa", 5), ("mistral-swa", 64)])  # fmt: skip
 @pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
@@ -215,14 +227,9 @@ def test_causal_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
     refilled rows."""
     rng = random.Random(7)
     requests = category_requests(rng, 4)
-    config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
-    fast = make_decoder(decoder_name, models[arch], tokenizer, config)
-    slow = make_decoder(decoder_name, models[arch], tokenizer, config)
-    slow.runner.causal_ok = False
+    fast, slow = causal_and_masked(decoder_name, models[arch], tokenizer, band_block)
     assert fast.runner.causal_ok
     seen, bands = [], []
-    if band_block is not None:
-        fast.runner.band_block = band_block
     forward = fast.runner.body.forward
     fast.runner.body.forward = lambda *a, **k: seen.append("causal_width" in k) or bands.append(k.get("bands")) or forward(*a, **k)
     assert_same_decoding(fast, slow, requests, rng)
@@ -250,12 +257,7 @@ def test_matmul_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
     monkeypatch.setattr(attention, "causal_matmul", lambda *a, **k: calls.append(a[4] is not None) or plain(*a, **k))
     rng = random.Random(5)
     requests = category_requests(rng, 4)
-    config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
-    fast = make_decoder(decoder_name, models[arch], tokenizer, config)
-    slow = make_decoder(decoder_name, models[arch], tokenizer, config)
-    slow.runner.causal_ok = False
-    if band_block is not None:
-        fast.runner.band_block = band_block
+    fast, slow = causal_and_masked(decoder_name, models[arch], tokenizer, band_block)
     assert_same_decoding(fast, slow, requests, rng)
     assert calls and (band_block is None or True in calls)  # every arch's full layers, and sliding ones
 
