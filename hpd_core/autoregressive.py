@@ -96,7 +96,7 @@ class AutoregressiveDecoder(BatchedDecoder):
                                   cudnn_attention=config.cudnn_attention,
                                   compile_layers=config.compiles(self.device, body_parameters(model)))
         self.prefixes = PrefixStore(config.prefix_cache)
-        self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
+        self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.span_decoding(self.device) else None
         self._texts: tuple[str, ...] | None = None  # token_texts, held here: len(tokenizer) is slow
 
     def token_text(self, token: int) -> str:

@@ -15,6 +15,7 @@ STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (Deco
 # long products, ~100 rows x 64 slots): past the break-even, the finished values a fixed step still
 # feeds cost more than CUDA graphs save. The baseline (one token a row) was faster fixed at each size.
 PACKED_STEP_FLOPS = 3e13
+SPANS = ("auto", "on", "off")  # DecodeConfig.spans; auto: on where the model runs on a CPU
 COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA, large bodies (hpd_core/compiled.py)
 # "auto" compiles the layers' pieces on CUDA for models with at least this many body parameters
 # (runner.body_parameters). On an H200 Qwen3-8B's shape (7.0B) ran HPD 1.17x faster compiled (session
@@ -76,9 +77,15 @@ class DecodeConfig:
         2-core CPU it was within the noise or slower. Compiling takes seconds once per process;
         steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in 16-bit,
         rounding), not what is asked.
-    spans: every value is a span of its own product's text (hpd_core/spans.py): a token that would
-        leave the product's text is never chosen, and the LM head is computed for the allowed
-        tokens only. HPD and its reference.
+    spans: span decoding (hpd_core/spans.py): every value is a span of its own product's text, a
+        token that would leave it is never chosen, and the LM head is computed for the allowed
+        tokens only (HPD, the baseline, the reference). "on", "off" (the engine's default: decode
+        what the model writes), or "auto" (on where the model runs on a CPU, off on CUDA; what
+        ``hpd extract`` and ``hpd bench`` pass): on the 2-core CPU it decoded the default model's
+        OA-Mine test set 1.38x faster (busy decoding, J = 6) and scored as without it (session 40,
+        README Quality); on CUDA it reads each step's tokens back to the host and its steps are
+        not replayed from CUDA graphs. It changes results: a value that would leave the text
+        comes out as the span the model prefers.
     """
 
     max_value_tokens: int = 30
@@ -92,7 +99,7 @@ class DecodeConfig:
     step_shape: str = "auto"
     check_every: int = 4
     prefix_cache: int = 32
-    spans: bool = False
+    spans: str = "off"
     cuda_graphs: bool = True
     cudnn_attention: bool = False
     compile_layers: str = "auto"
@@ -120,6 +127,8 @@ class DecodeConfig:
             raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         if not isinstance(self.cudnn_attention, bool):
             raise ValueError(f"cudnn_attention must be a bool, got {self.cudnn_attention!r}")
+        if self.spans not in SPANS:
+            raise ValueError(f"spans must be one of {SPANS}, got {self.spans!r}")
         if self.compile_layers not in COMPILE_LAYERS:
             raise ValueError(f"compile_layers must be one of {COMPILE_LAYERS}, got {self.compile_layers!r}")
         if self.prefix_cache < 0:
@@ -135,6 +144,12 @@ class DecodeConfig:
         if self.compile_layers == "auto":
             return str(device).startswith("cuda") and body_parameters >= COMPILE_MIN_BODY_PARAMETERS
         return self.compile_layers == "on"
+
+    def span_decoding(self, device) -> bool:
+        """Whether values are decoded as spans of their product's text on ``device`` (see ``spans``)."""
+        if self.spans == "auto":
+            return not str(device).startswith("cuda")
+        return self.spans == "on"
 
     def fixed_steps(self, device, step_flops: float = 0.0) -> bool:
         """Whether decode steps have fixed shapes on ``device`` (see ``step_shape``), for a batch

@@ -54,7 +54,7 @@ class HPDDecoder(BatchedDecoder):
                                   compile_layers=config.compiles(self.device, body_parameters(model)))
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
-        self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.spans else None
+        self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.span_decoding(self.device) else None
 
     def prepare(self, requests: list[Request]) -> list[Layout]:
         cfg = self.config

@@ -60,7 +60,7 @@ class ReferenceDecoder(BatchedDecoder):
         super().__init__(model, tokenizer, config, model_name)
         require_token_boundary(tokenizer, config.skeleton)
         self.windows = masks.layer_windows(model.config)
-        self.spans = SpanVocabulary(tokenizer, model.config.vocab_size) if config.spans else None
+        self.spans = SpanVocabulary(tokenizer, model.config.vocab_size) if config.span_decoding(self.device) else None
 
     def cost(self, layout: Layout) -> tuple[int, int]:
         return len(layout.input_ids), layout.num_slots

@@ -37,7 +37,7 @@ from bench.report import report_header
 from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec, floor_input_tokens
-from hpd_core.config import ATTENTION, COMPILE_LAYERS, DTYPES, SKELETONS, STEP_SHAPES, DecodeConfig
+from hpd_core.config import ATTENTION, COMPILE_LAYERS, DTYPES, SKELETONS, SPANS, STEP_SHAPES, DecodeConfig
 from hpd_core.models import emulated_dtype_warning, resolve_dtype
 
 
@@ -104,15 +104,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--skeleton", choices=SKELETONS, default=DecodeConfig.skeleton,
                    help="where HPD's keys go, as the HPD model was fine-tuned (default %(default)s)")
     d.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
-                   help="both decoders replay their fixed-shape steps from CUDA graphs (CUDA, greedy, no spans; default: on)")
+                   help="both decoders replay their fixed-shape steps from CUDA graphs (CUDA, greedy, without span decoding; default: on)")
     d.add_argument("--cudnn-attention", action=argparse.BooleanOptionalAction, default=DecodeConfig.cudnn_attention,
                    help="both decoders' attention may use cuDNN's kernels on a GPU (default: off; the warm-up builds "
                    "the timed runs' plans, so this measures the kernels, not the plan builds)")
     d.add_argument("--compile-layers", choices=COMPILE_LAYERS, default=DecodeConfig.compile_layers,
                    help="both decoders' layer MLPs, norms and rotary embeddings through torch.compile: on, off, auto (on CUDA only; the "
                    "warm-up run compiles; default %(default)s)")
-    d.add_argument("--spans", action="store_true",
-                   help="both decoders decode values as spans of their product's text (records runs; default: off)")
+    d.add_argument("--spans", nargs="?", const="on", default="auto", choices=SPANS,
+                   help="both decoders decode values as spans of their product's text (records runs): on (also --spans "
+                   "alone), off, auto (default: as `hpd extract`, on a CPU for records runs; off on CUDA and for synthetic runs)")
     t = parser.add_argument_group("timing")
     t.add_argument("--warmup-requests", type=int, default=TimingConfig.warmup_requests)
     t.add_argument("--repeats", type=int, default=TimingConfig.repeats)
@@ -135,7 +136,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.baseline_lengths == "matched" and (args.synthetic or args.sweep_docs):
         raise ValueError("--baseline-lengths matched is for a single records run (synthetic lengths are always fixed)")
-    if args.spans and (args.synthetic or args.baseline_lengths == "matched"):
+    if args.spans == "on" and (args.synthetic or args.baseline_lengths == "matched"):
         raise ValueError("--spans is for records runs whose baseline writes its own answers (values come from the text)")
     if bool(args.sweep_docs) != bool(args.sweep_batch):
         raise ValueError("a sweep needs both --sweep-docs and --sweep-batch")
@@ -155,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hpd bench: warning: --dtype {warning}", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
+    forced = args.synthetic or args.baseline_lengths == "matched"  # forced lengths: values are not read from the text
+    args.spans = "on" if not forced and DecodeConfig(spans=args.spans).span_decoding(args.device) else "off"  # the report names what ran
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)
     decode_cfg = DecodeConfig(
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,

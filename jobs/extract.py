@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from hpd_core.config import COMPILE_LAYERS, DEFAULT_MODEL, SKELETONS, STEP_SHAPES, DecodeConfig, ModelConfig
+from hpd_core.config import COMPILE_LAYERS, DEFAULT_MODEL, SKELETONS, SPANS, STEP_SHAPES, DecodeConfig, ModelConfig
 from jobs import CommandFailed, stop_cleanly_on_sigterm
 from pipelines.dryrun import FAILURE_MODES, DryRunConfig
 from pipelines.reader import ReadConfig
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "results (default: 0, sized for the device: 65536 on a CPU, half the free memory on a GPU)")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=DecodeConfig.cuda_graphs,
                         help="on a GPU, record each batch's fixed-shape decode step once as a CUDA graph and replay it "
-                        "(greedy, without --spans); changes speed, not results (default: on; --no-cuda-graphs: eager steps)")
+                        "(greedy, without span decoding); changes speed, not results (default: on; --no-cuda-graphs: eager steps)")
     parser.add_argument("--step-shape", choices=STEP_SHAPES,
                         help="how decode steps are laid out: packed (only the values still open are computed), fixed (every "
                         "slot every step, the same shapes: CUDA graphs), auto (packed on a CPU; on a GPU fixed, except HPD "
@@ -67,9 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-layers", choices=COMPILE_LAYERS,
                         help="run each layer's MLP, norms and rotary embedding through torch.compile: on, off, auto (on a GPU only; compiling "
                         "takes seconds once per actor); changes speed (in bf16 also the rounding) (default: auto)")
-    parser.add_argument("--spans", action="store_true",
+    parser.add_argument("--spans", nargs="?", const="on", default="auto", choices=SPANS,
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
-                        "never chosen; the LM head runs over the allowed tokens only) (default: off)")
+                        "never chosen; the LM head runs over the allowed tokens only): on (also --spans alone), off, or auto "
+                        "(default: on where the model runs on a CPU, where it is faster and scores the same; off on a GPU)")
     parser.add_argument("--keep-values-not-in-text", action="store_true",
                         help="write values that do not occur in their product's text as the model gave them "
                         "(default: write them as null and count them in the report's values_not_in_text)")

@@ -273,7 +273,7 @@ def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputC
         "adapter": None if extract.decoder == DRY_RUN else extract.adapter_uri,
         "docs_per_prompt": prepare.stacking.docs_per_prompt,
         "max_value_tokens": extract.decode.max_value_tokens,
-        "spans": extract.decode.spans,
+        "spans_setting": extract.decode.spans,  # the report's "spans" says what ran
         "values_in_text": extract.values_in_text,
     }
 

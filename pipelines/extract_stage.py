@@ -113,7 +113,7 @@ class ExtractConfig:
             raise ValueError(f"prompts_per_call must be a positive int, got {self.prompts_per_call!r}")
         if not isinstance(self.decode_attempts, int) or self.decode_attempts < 1:
             raise ValueError(f"decode_attempts must be a positive int, got {self.decode_attempts!r}")
-        if self.decode.spans and self.decoder not in SPAN_DECODERS:
+        if self.decode.spans == "on" and self.decoder not in SPAN_DECODERS:  # "auto" leaves the others plain
             raise ValueError(f"spans must go with --decoder {' or '.join(SPAN_DECODERS)}, got {self.decoder}")
         if not isinstance(self.values_in_text, bool):
             raise ValueError(f"values_in_text must be a bool, got {self.values_in_text!r}")
@@ -148,6 +148,13 @@ def load(config: ExtractConfig):
     from hpd_core.decoders import load_decoder  # torch + transformers: once per actor
 
     return load_decoder(config.decoder, config.model_config(actor_device()), config.decode)
+
+
+def run_spans(config: ExtractConfig) -> bool | None:
+    """Whether this actor decodes values as spans (``--spans auto`` resolved), None for the dry run."""
+    if config.decoder not in SPAN_DECODERS:
+        return None
+    return config.decode.span_decoding(actor_device())
 
 
 def run_dtype(config: ExtractConfig) -> str | None:
@@ -186,6 +193,7 @@ class ExtractStage:
         self.actor = f"{socket.gethostname()}:{os.getpid()}"
         self._decoder = None
         self.dtype: str | None = None  # known once the model is loaded
+        self.spans: bool | None = None  # likewise
 
     @property
     def decoder(self):
@@ -200,6 +208,7 @@ class ExtractStage:
                 torch.set_num_threads(self.threads)  # CPU actors: see build.size_actors
             self._decoder = load(self.config)
             self.dtype = run_dtype(self.config)
+            self.spans = run_spans(self.config)
         return self._decoder
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -355,7 +364,7 @@ class ExtractStage:
         skipped = [position for position, row in enumerate(rows) if row["status"] == SKIPPED]
         stats.update(rejected=len(rejected), skipped=len(skipped))
         summary = dict(stats, decode_seconds=decode_seconds, rejected_by_stage=dict(by_stage), actor=self.actor,
-                       dtype=self.dtype)
+                       dtype=self.dtype, spans=self.spans)
         return {
             "chunk": chunk["chunk"],
             "shard": chunk["shard"],

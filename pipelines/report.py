@@ -74,6 +74,7 @@ class Stats:
     chunks: int = 0
     actors: set = field(default_factory=set)
     dtypes: set = field(default_factory=set)  # what the models ran in (--dtype auto resolved per actor)
+    spans: set = field(default_factory=set)  # whether they decoded spans (--spans auto resolved per actor)
 
     def add(self, chunk: dict) -> None:
         for name in COUNTERS:
@@ -85,6 +86,8 @@ class Stats:
             self.actors.add(chunk["actor"])
         if chunk.get("dtype"):
             self.dtypes.add(chunk["dtype"])
+        if chunk.get("spans") is not None:
+            self.spans.add("on" if chunk["spans"] else "off")
 
     def merged(self, other: Stats) -> Stats:
         return Stats(
@@ -94,6 +97,7 @@ class Stats:
             self.chunks + other.chunks,
             self.actors | other.actors,
             self.dtypes | other.dtypes,
+            self.spans | other.spans,
         )
 
 
@@ -144,6 +148,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["usd_per_1k_products"] = round(usd / products * 1000, 6) if products else None
     report["extract_actor_processes"] = len(total.actors)
     report["dtype"] = "+".join(sorted(total.dtypes)) or None  # None: no model ran (dry run, no products)
+    report["spans"] = "+".join(sorted(total.spans)) or None  # span decoding that ran: on, off (or on+off); None: none ran
     report["this_run"] = run
     return report
 
@@ -162,7 +167,7 @@ def render_markdown(report: dict) -> str:
         + (f" + adapter `{report['adapter']}`  " if report.get("adapter") else "  ")
         + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}"
         + (f"  dtype: {report['dtype']}" if report.get("dtype") else "")
-        + ("  spans" if report.get("spans") else ""),
+        + (f"  spans: {report['spans']}" if report.get("spans") else ""),
         "",
         "| rows in | products out | rejected | skipped | attribute rows |",
         "|---:|---:|---:|---:|---:|",

@@ -224,7 +224,7 @@ def test_bench_records_with_spans(capsys, tmp_path, tokenizer_dir, records):
         "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3", "--out", str(out),
     ])  # fmt: skip
     report = json.loads((out / "bench.json").read_text())
-    assert report["decode"]["spans"] and report["ar"]["products"] == report["hpd"]["products"] == 4
+    assert report["decode"]["spans"] == "on" and report["ar"]["products"] == report["hpd"]["products"] == 4
 
 
 def test_bench_records_matched_baseline(capsys, tmp_path, tokenizer_dir, records):

@@ -175,7 +175,7 @@ def test_fine_tuned_baseline_on_the_real_model_equals_its_oracle():
 @given(case=batches())
 def test_baseline_span_decoding_equals_the_masked_reference(models, tokenizer, arch, step_shape, case):
     requests, k_max, _ = case
-    config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
+    config = DecodeConfig(max_value_tokens=k_max, spans="on", step_shape=step_shape)
     fast = AutoregressiveDecoder(models[arch], tokenizer, config).decode(requests)
     for _, a, b in comparable(AutoregressiveReference(models[arch], tokenizer, config), requests, fast):
         assert a.extra["text"] == b.extra["text"]
@@ -212,7 +212,7 @@ class SeededReference(InsideAValue, AutoregressiveReference):
 @given(case=batches())
 def test_baseline_span_decoding_inside_values_equals_the_masked_reference(models, tokenizer, arch, step_shape, case):
     requests, k_max, _ = case
-    config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
+    config = DecodeConfig(max_value_tokens=k_max, spans="on", step_shape=step_shape)
     fast = SeededDecoder(models[arch], tokenizer, config).decode(requests)
     for request, a, b in comparable(SeededReference(models[arch], tokenizer, config), requests, fast):
         assert a.extra["text"] == b.extra["text"]

@@ -265,7 +265,7 @@ def test_span_decoding_equals_the_masked_oracle(models, tokenizer, arch, step_sh
     """Span decoding: the LM head over the allowed tokens only, with the cache, == the full logits
     masked to them, without a cache; and every value is a span of its own product's text."""
     requests, k_max = case
-    config = DecodeConfig(max_value_tokens=k_max, spans=True, step_shape=step_shape)
+    config = DecodeConfig(max_value_tokens=k_max, spans="on", step_shape=step_shape)
     fast = make_decoder("hpd", models[arch], tokenizer, config).decode(requests)
     for a, b in comparable(make_decoder("reference", models[arch], tokenizer, config), requests, fast):
         assert a.values == b.values and a.forward_passes == b.forward_passes
@@ -281,12 +281,24 @@ def test_span_decoding_changes_what_a_free_model_writes(models, tokenizer):
     requests = [random_request(rng, 2, 3) for _ in range(8)]
     config = DecodeConfig(max_value_tokens=8)
     free = make_decoder("hpd", models["llama"], tokenizer, config).decode(requests)
-    spans = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=8, spans=True)).decode(requests)
+    spans = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=8, spans="on")).decode(requests)
     def in_text(product, value):
         return any(value in f for f in (product.title, product.description, *product.features) if f)
     assert any(v.value is not None and not in_text(p, v.value) for r in free for p, _, v in r.items())
     finished = [(p, v) for r in spans for p, _, v in r.items() if v.value is not None and not v.truncated]
     assert finished and all(in_text(p, v.value) for p, v in finished)
+    auto = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=8, spans="auto"))
+    assert auto.spans is not None and [r.values for r in auto.decode(requests)] == [r.values for r in spans]  # a CPU
+
+
+def test_spans_auto_is_on_where_the_model_runs_on_a_cpu():
+    assert DecodeConfig().spans == "off"  # the engine decodes what the model writes unless asked
+    auto = DecodeConfig(spans="auto")
+    assert auto.span_decoding("cpu") and not auto.span_decoding("cuda") and not auto.span_decoding("cuda:1")
+    assert DecodeConfig(spans="on").span_decoding("cuda") and not DecodeConfig(spans="off").span_decoding("cpu")
+    for bad in (True, "yes", None):
+        with pytest.raises(ValueError, match="spans must be one of"):
+            DecodeConfig(spans=bad)
 
 
 

@@ -124,6 +124,16 @@ def test_bad_arguments_are_clear_value_errors(argv, message, tmp_path):
         from_args(parse(*argv))
 
 
+@pytest.mark.parametrize(
+    "argv, spans",
+    [([], "auto"), (["--spans"], "on"), (["--spans", "on"], "on"), (["--spans", "off"], "off"),
+     (["--decoder", "dry-run"], "auto")],  # auto: the dry run decodes no spans, and is no error
+)
+def test_span_decoding_is_auto_unless_asked(argv, spans, tmp_path):
+    config = from_args(parse("--output", tmp_path / "out", *argv))
+    assert config.extract.decode.spans == spans and config.arguments["decode"]["spans"] == spans
+
+
 def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
     assert run_extract(BASE + ["--output", tmp_path / "out", "--docs-per-prompt", 0]) == 2
     err = capsys.readouterr().err

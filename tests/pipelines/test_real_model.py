@@ -25,6 +25,7 @@ def test_hpd_equals_reference_on_the_real_model(ray_cluster, tmp_path):
         assert run_extract(argv) == 0
         outputs[decoder] = _values(read_attributes(str(out)))
         assert report(str(out))["products_out"] == 6 and report(str(out))["dtype"] == "float32"
+        assert report(str(out))["spans"] == "on"  # --spans auto on a CPU: span decoding, oracle included
         # the engine's batches by step shape (a CPU: packed); the oracle has no batches
         batches = (report(str(out))["batches_fixed_steps"], report(str(out))["batches_packed_steps"])
         assert batches == (0, 0) if decoder == "reference" else batches[0] == 0 and batches[1] >= 1

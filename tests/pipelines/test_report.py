@@ -64,6 +64,18 @@ def test_the_report_names_the_dtype_the_models_ran_in():
     assert "dtype" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
 
 
+def test_the_report_names_the_span_decoding_that_ran():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    on, off, dry = Stats(), Stats(), Stats()
+    on.add({"rows_in": 2, "products_out": 2, "spans": True})
+    off.add({"rows_in": 1, "products_out": 1, "spans": False})
+    dry.add({"rows_in": 1, "products_out": 1, "spans": None})  # the dry run decodes no spans
+    report = build_report(META, on, on, [attempt], attempt)
+    assert report["spans"] == "on" and "spans: on" in render_markdown(report)
+    assert build_report(META, on.merged(off), off, [attempt], attempt)["spans"] == "off+on"  # resumed on a GPU
+    assert build_report(META, dry, dry, [attempt], attempt)["spans"] is None
+
+
 def test_a_job_of_no_products_reports_no_price_per_product():
     attempt = attempts.Attempt("a", 0.0, 0.5, "cpu", 0, 0.0425)
     report = build_report(META, Stats(), Stats(), [attempt], attempt)
