@@ -212,6 +212,7 @@ def test_bench_records_end_to_end(capsys, tmp_path, tokenizer_dir, records):
     assert report["hpd"]["requests"] == 3  # Shoes x2, Shoes x1 ... within the limit: 00000, 00001 | 00098 | 00002
     assert 0.0 <= report["agreement"] <= 1.0
     assert not report["workload"]["fixed_lengths"]
+    assert report["decode"]["spans"] == "on"  # --spans auto, resolved for the CPU (as hpd extract's actors do)
     assert report["decode"]["prefill_limit"] == PREFILL_TOKENS_CPU  # auto, resolved for the CPU
     assert f"prefill forwards auto: at most {PREFILL_TOKENS_CPU} new tokens" in (out / "bench.md").read_text()
 
@@ -239,6 +240,7 @@ def test_bench_records_matched_baseline(capsys, tmp_path, tokenizer_dir, records
     assert report["ar"]["requests"] == 5 and report["hpd"]["requests"] == 3
     assert report["ar"]["generated_tokens"] == pytest.approx(5 * report["workload"]["answer_tokens_mean_per_product"])
     assert "agreement" not in report or report["agreement"] is None
+    assert report["decode"]["spans"] == "off"  # auto: forced lengths do not read values from the text
     assert "HPD's value lengths" in (out / "bench.md").read_text()
 
 
@@ -250,7 +252,7 @@ def test_bench_baseline_docs_per_prompt(capsys, tmp_path, tokenizer_dir):
     ])  # fmt: skip
     report = json.loads((out / "bench.json").read_text())
     assert report["ar"]["requests"] == 4 and report["hpd"]["requests"] == 1
-    assert report["baseline_docs_per_prompt"] == 1
+    assert report["baseline_docs_per_prompt"] == 1 and report["decode"]["spans"] == "off"  # synthetic: never spans
 
 
 def test_bench_sweep_writes_png(capsys, tmp_path, tokenizer_dir):
