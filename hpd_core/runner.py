@@ -28,6 +28,7 @@ through the LM head, and greedy decoding takes the maximum over slices of the vo
 
 from __future__ import annotations
 
+import inspect
 import math
 from contextlib import contextmanager, nullcontext
 from typing import Iterator
@@ -66,6 +67,9 @@ class ModelRunner:
         self.model = model
         self.cudnn_attention = cudnn_attention  # SDPA may use cuDNN's kernels (attention.engine_attention)
         self.body = model.get_decoder()
+        # the KV cache's keyword: transformers 5.2x names it `cache` and deprecates `past_key_values`
+        # (to be removed in 5.40); earlier releases take only `past_key_values`
+        self.cache_keyword = "cache" if "cache" in inspect.signature(type(self.body).forward).parameters else "past_key_values"
         # the layers' MLPs, norms and rotary embeddings compiled within the engine's forwards (hpd_core/compiled.py)
         self.compiled = CompiledLayers(self.body) if compile_layers else None
         self.head = model.get_output_embeddings()
@@ -199,7 +203,7 @@ class ModelRunner:
         context = engine_attention(self.body.config, self.cudnn_attention) if self.engine_sdpa else nullcontext()
         with context, self.compiled.active() if self.compiled is not None else nullcontext():
             out = self.body(
-                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs
+                input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{self.cache_keyword: cache}, **kwargs
             ).last_hidden_state
         cache.write = None
         if packed:
