@@ -82,8 +82,8 @@ class DecodeConfig:
         tokens only (HPD, the baseline, the reference). "on", "off" (the engine's default: decode
         what the model writes), or "auto" (on where the model runs on a CPU, off on CUDA; what
         ``hpd extract`` and ``hpd bench`` pass): on the 2-core CPU it decoded the default model's
-        OA-Mine test set 1.38x faster (busy decoding, J = 6) and scored as without it (session 40,
-        README Quality); on CUDA it reads each step's tokens back to the host and its steps are
+        OA-Mine and AE-110k test sets 1.21x and 1.24x faster (busy decoding seconds, J = 4, run
+        back to back) and scored as without it (session 40, README Quality); on CUDA it reads each step's tokens back to the host and its steps are
         not replayed from CUDA graphs. It changes results: a value that would leave the text
         comes out as the span the model prefers.
     """
