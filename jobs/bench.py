@@ -125,6 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="writes bench.json + bench.md (sweep: sweep.*)")
 
 
+def forced_lengths(args: argparse.Namespace) -> bool:
+    """Whether the run forces its value lengths (synthetic, or the baseline matched to HPD's), so
+    that no value is read from a product's text."""
+    return bool(args.synthetic) or args.baseline_lengths == "matched"
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that make no sense, before anything is loaded."""
     if bool(args.synthetic) == bool(args.records):
@@ -136,7 +142,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.baseline_lengths == "matched" and (args.synthetic or args.sweep_docs):
         raise ValueError("--baseline-lengths matched is for a single records run (synthetic lengths are always fixed)")
-    if args.spans == "on" and (args.synthetic or args.baseline_lengths == "matched"):
+    if args.spans == "on" and forced_lengths(args):
         raise ValueError("--spans is for records runs whose baseline writes its own answers (values come from the text)")
     if bool(args.sweep_docs) != bool(args.sweep_batch):
         raise ValueError("a sweep needs both --sweep-docs and --sweep-batch")
@@ -156,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hpd bench: warning: --dtype {warning}", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
-    forced = args.synthetic or args.baseline_lengths == "matched"  # forced lengths: values are not read from the text
-    args.spans = "on" if not forced and DecodeConfig(spans=args.spans).span_decoding(args.device) else "off"  # the report names what ran
+    spans = not forced_lengths(args) and DecodeConfig(spans=args.spans).span_decoding(args.device)
+    args.spans = "on" if spans else "off"  # the report names what ran
     K = args.max_value_tokens or max(DecodeConfig.max_value_tokens, args.value_tokens_max if args.synthetic else 0)
     decode_cfg = DecodeConfig(
         max_value_tokens=K, batch_token_budget=args.batch_token_budget, max_batch_size=args.batch_size,
