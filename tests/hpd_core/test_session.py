@@ -391,6 +391,35 @@ def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
         parts_at_a_tie(cpu_model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
 
 
+def spans_equal_the_cpu_oracle(tokenizer, arch: str, device: str) -> None:
+    """HPD and the baseline with span decoding on ``device`` == their CPU oracles under the same
+    rule (float32; each pair the same tokens, or parting at a tie in the oracle's logits)."""
+    from .conftest import parts_at_a_tie, slots_part_at_a_tie, tiny_model
+
+    requests = category_requests(random.Random(32), 3)
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=2, spans="on")
+    cpu_model, model = tiny_model(arch, len(tokenizer)), tiny_model(arch, len(tokenizer)).to(device)
+    reference = make_decoder("reference", cpu_model, tokenizer, config)
+    hpd = make_decoder("hpd", model, tokenizer, config)
+    assert hpd.spans is not None
+    for request, a, b in zip(requests, hpd.decode(requests), reference.decode(requests)):
+        slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
+    ar_reference = AutoregressiveReference(cpu_model, tokenizer, config)
+    ar = AutoregressiveDecoder(model, tokenizer, config)
+    for request, a, b in zip(requests, ar.decode(requests), ar_reference.decode(requests)):
+        parts_at_a_tie(cpu_model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_cuda_span_decoding_equals_the_cpu_oracle(tokenizer, arch):
+    """`--spans on` on CUDA (where `auto` leaves it off): fixed steps with the host's span lookups,
+    no CUDA graphs; HPD and the baseline == their CPU oracles with the same rule."""
+    assert not DecodeConfig(spans="auto").span_decoding("cuda") and DecodeConfig(spans="on").span_decoding("cuda")
+    spans_equal_the_cpu_oracle(tokenizer, arch, "cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bfloat16_agrees_with_float32_mostly(tokenizer):
