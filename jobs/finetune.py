@@ -32,6 +32,7 @@ from hpd_core.config import (
 )
 
 CONFIG_FILE = "training_config.json"
+SCHEMA_FILE = "attributes.json"  # in OUT/ with --examples: the described schema the run trains with
 EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
 DEFAULT_VAL_FRACTION = 0.1
 TRAIN_DEFAULTS = TrainConfig()  # the defaults the help texts name
@@ -51,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--docs-per-prompt", type=int, metavar="J",
         help="products per training prompt: alone, always J; with --max-docs-per-prompt the smallest J of the mix "
              "(default: the mix 1..8 of the shipped recipe)",
+    )
+    data.add_argument(
+        "--examples", type=int, metavar="K",
+        help="describe each attribute in the prompts by its K most frequent values among the training products "
+             "(not the held-out ones); the schema used is written to OUT/attributes.json: extract with it",
     )
     data.add_argument(
         "--max-value-tokens", type=int, default=DecodeConfig().max_value_tokens, help="K_max (default %(default)s, as extraction)"
@@ -125,10 +131,11 @@ def split(products: list, fraction: float, seed: int) -> tuple[list, list]:
 VALIDATION_DIR = "validation"
 
 
-def write_validation(sources, products: list, out: Path) -> Path | None:
+def write_validation(sources, products: list, out: Path, schema: Path | None = None) -> Path | None:
     """The held-out products as an ``hpd convert`` folder (records, attributes, gold) under
     ``out/validation``, so that a run's checkpoints can be compared with ``hpd extract`` +
-    ``hpd evaluate`` on exactly the products it did not train on. None when nothing is held out."""
+    ``hpd evaluate`` on exactly the products it did not train on. The schema is ``schema`` (the one
+    the run trains with) or the source's. None when nothing is held out."""
     if not products:
         return None
     ids = {p.product.product_id for p in products}
@@ -141,7 +148,7 @@ def write_validation(sources, products: list, out: Path) -> Path | None:
             for line in lines:
                 if line.strip() and json.loads(line).get("product_id") in ids:
                     kept.write(line if line.endswith("\n") else line + "\n")
-    shutil.copyfile(sources.attributes, folder / "attributes.json")
+    shutil.copyfile(schema or sources.attributes, folder / "attributes.json")
     return folder
 
 
@@ -152,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from hpd_core import finetune
     from hpd_core.models import bare_model_name, emulated_dtype_warning, load_model
     from training import data as gold
+    from training import examples
 
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
@@ -172,6 +180,13 @@ def run(args: argparse.Namespace) -> int:
     data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
     train_products, val_products = split(data.products, args.val_fraction, config.seed)
     logging.info("data: %s", json.dumps(data.stats))
+    attributes, schema = data.attributes, None
+    if args.examples is not None:
+        attributes = examples.describe(train_products, data.attributes, args.examples)
+        args.out.mkdir(parents=True, exist_ok=True)
+        schema = args.out / SCHEMA_FILE
+        schema.write_text(json.dumps(examples.schema_json(attributes), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        logging.info("attributes described by %d example values each: %s (extract with it)", args.examples, schema)
 
     started = time.time()
     model, tokenizer = load_model(model_config)
@@ -182,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and (checkpoints / "checkpoint.pt").is_file():
         raise ValueError(f"{checkpoints} holds a checkpoint of an earlier run: pass --resume to continue it, "
                          "or choose another --out")
-    if not args.teacher and (validation := write_validation(sources, val_products, args.out)):
+    if not args.teacher and (validation := write_validation(sources, val_products, args.out, schema)):
         logging.info("validation products (%d) written to %s for hpd extract / evaluate", len(val_products), validation)
 
     def save_epoch(epoch: int, so_far: finetune.TrainReport) -> None:
@@ -191,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         (folder / EPOCH_FILE).write_text(json.dumps({"epoch": epoch, "steps": so_far.steps, "val_loss": so_far.val_losses[-1]}) + "\n")
         logging.info("epoch %d saved to %s", epoch, folder)
 
-    report = finetune.train(model, tokenizer, train_products, val_products, data.attributes, config,
+    report = finetune.train(model, tokenizer, train_products, val_products, attributes, config,
                             checkpoint_dir=checkpoints, resume=args.resume, stop_after_epoch=args.stop_after_epoch,
                             on_epoch_end=save_epoch if args.save_epochs else None)
     if report.stopped:

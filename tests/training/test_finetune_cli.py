@@ -146,6 +146,33 @@ def test_save_epochs_keeps_each_epochs_adapter(data_dir, model_dir, tmp_path, ca
     assert (first - final).abs().max() > 1e-4  # and the first is the model as it was then
 
 
+def test_examples_describe_attributes_from_the_training_products_only(data_dir, model_dir, tmp_path, capsys):
+    """--examples K: the schema the run trains with (OUT/attributes.json, and the validation
+    folder's) describes each attribute by values of the products it trains on, never the held-out
+    ones; the prompts carry it (the first step's loss differs from a plain run's)."""
+    base = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--docs-per-prompt", "2",
+            "--max-value-tokens", "8", "--lora-rank", "4", "--max-steps", "1", "--grad-accum", "1",
+            "--val-fraction", "0.34"]  # fmt: skip
+    losses = {}
+    for name, extra in (("plain", []), ("examples", ["--examples", "3"])):
+        assert main(base + ["--out", str(tmp_path / name), *extra]) == 0
+        losses[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train_loss"]
+    assert losses["examples"] != pytest.approx(losses["plain"], rel=1e-4)
+    assert not (tmp_path / "plain" / "attributes.json").exists()
+    out = tmp_path / "examples"
+    schema = json.loads((out / "attributes.json").read_text())
+    assert json.loads((out / "validation" / "attributes.json").read_text()) == schema
+    data = gold.load_gold(gold.resolve_sources(data_dir))
+    train, held = split(data.products, 0.34, 0)
+    seen = {v for p in train for v in p.values if v is not None}
+    held_only = {v for p in held for v in p.values if v is not None} - seen
+    assert held_only  # the check below has something to catch
+    descriptions = " ".join(d or "" for attrs in schema.values() for d in attrs.values())
+    assert all(json.dumps(v) not in descriptions for v in held_only)
+    assert all(json.dumps(v) in descriptions for v in seen)  # K = 3 covers every value of this tiny set
+    assert list(schema) == list(ATTRIBUTES) and all(list(schema[c]) == ATTRIBUTES[c] for c in ATTRIBUTES)
+
+
 def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
     out = tmp_path / "a"
     base = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out), "--max-value-tokens", "8"]
