@@ -27,12 +27,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from datafiles.dataset import ATTRIBUTES_FILE
 from hpd_core.config import (
     ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_FULL_LR, DEFAULT_LORA_LR, DTYPES, SKELETONS, DecodeConfig, ModelConfig, TrainConfig,
 )
 
 CONFIG_FILE = "training_config.json"
-SCHEMA_FILE = "attributes.json"  # in OUT/ with --examples: the described schema the run trains with
 EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
 DEFAULT_VAL_FRACTION = 0.1
 TRAIN_DEFAULTS = TrainConfig()  # the defaults the help texts name
@@ -148,7 +148,7 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
             for line in lines:
                 if line.strip() and json.loads(line).get("product_id") in ids:
                     kept.write(line if line.endswith("\n") else line + "\n")
-    shutil.copyfile(schema or sources.attributes, folder / "attributes.json")
+    shutil.copyfile(schema or sources.attributes, folder / ATTRIBUTES_FILE)
     return folder
 
 
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if args.examples is not None:
         attributes = examples.describe(train_products, data.attributes, args.examples)
         args.out.mkdir(parents=True, exist_ok=True)
-        schema = args.out / SCHEMA_FILE
+        schema = args.out / ATTRIBUTES_FILE  # the described schema the run trains with
         schema.write_text(json.dumps(examples.schema_json(attributes), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
         logging.info("attributes described by %d example values each: %s (extract with it)", args.examples, schema)
 
