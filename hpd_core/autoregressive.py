@@ -319,9 +319,10 @@ class ARSession(Session):
     def done(self) -> list[int]:
         return [row for row in range(self.rows) if self.item[row] is not None and self.ends[self.item[row]] is not None]
 
-    def outputs(self, row: int, item: int):
-        self.budget[row] = 0
-        return self.ends[item]
+    def outputs(self, rows: list[int], items: list[int]) -> list:
+        for row in rows:
+            self.budget[row] = 0
+        return [self.ends[item] for item in items]
 
     def parse(self, item: int, outputs) -> Result:
         n, complete = outputs

@@ -152,20 +152,28 @@ class HPDSession(Session):
 
     # -- rows start ------------------------------------------------------------------------
     def start(self, rows: list[int], items: list[int], hidden: list[torch.Tensor]) -> None:
-        dev, K = self.decoder.device, self.K
+        dev, K, S, pad = self.decoder.device, self.K, self.S, self.decoder.runner.pad_id
+        # the rows' slot tables are built on the host and go to the device in one copy each: a
+        # copy per row or slot makes the host wait for the device every time (GPU session 42)
+        anchor_pos = torch.zeros((len(rows), S), dtype=torch.long)
+        limit = torch.full((len(rows), S), K, dtype=torch.long)
+        force = torch.full((len(rows), S, K), pad, dtype=torch.long) if self.force is not None else None
+        for i, item in enumerate(items):
+            lay = self.layouts[item]
+            anchor_pos[i, : lay.num_slots] = torch.tensor(lay.anchor_pos)
+            for slot, gold in enumerate(self.forced[item] if force is not None else ()):
+                force[i, slot, : len(gold)] = torch.tensor(gold)
+                limit[i, slot] = len(gold)
+        rows_t = torch.tensor(rows, device=dev)
+        self.anchor_pos[rows_t] = anchor_pos.to(dev)
+        self.limit[rows_t] = limit.to(dev)
+        self.out[rows_t] = pad
+        if force is not None:
+            self.force[rows_t] = force.to(dev)
+        if self.recorded is not None:
+            self.recorded[rows_t] = 0
         for row, item in zip(rows, items):
             lay, s = self.layouts[item], self.layouts[item].num_slots
-            self.anchor_pos[row] = 0
-            self.anchor_pos[row, :s] = torch.tensor(lay.anchor_pos, device=dev)
-            self.limit[row] = K
-            self.out[row] = self.decoder.runner.pad_id
-            if self.force is not None:
-                self.force[row] = self.decoder.runner.pad_id
-                for slot, gold in enumerate(self.forced[item]):
-                    self.force[row, slot, : len(gold)] = torch.tensor(gold, device=dev)
-                    self.limit[row, slot] = len(gold)
-            if self.recorded is not None:
-                self.recorded[row] = 0
             self.append_at[row] = len(lay.input_ids)
             if self.decoder.spans is not None:
                 request = self.requests[item]
@@ -175,7 +183,6 @@ class HPDSession(Session):
         s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
         k = torch.zeros_like(r)
         new = self.choose(torch.cat(hidden), r, s, k)  # token 1 of every slot
-        rows_t = torch.tensor(rows, device=dev)
         self.state[rows_t] = DONE
         self.n_gen[rows_t] = 0
         self.active[rows_t] = False
@@ -290,11 +297,19 @@ class HPDSession(Session):
         return [row for row in busy if finished[row]]
 
     # -- results ---------------------------------------------------------------------------
-    def outputs(self, row: int, item: int):
-        S = self.layouts[item].num_slots
-        host = lambda x: x[row, :S].to("cpu", copy=True)  # a copy: the row is refilled next (CPU too)
-        recorded = host(self.recorded) if self.recorded is not None else None
-        return host(self.out), host(self.n_gen), host(self.state), int(self.passes[row]), recorded
+    def outputs(self, rows: list[int], items: list[int]) -> list:
+        # one gather and one copy to the host for all the rows (indexing copies, on a CPU too)
+        idx, n, S, K = torch.tensor(rows, device=self.decoder.device), len(rows), self.S, self.K
+        tables = torch.cat([self.out[idx].view(n, S * K), self.n_gen[idx], self.state[idx], self.passes[idx, None]], 1)
+        tables = tables.cpu()
+        recorded = self.recorded[idx].cpu() if self.recorded is not None else None
+        result = []
+        for i, item in enumerate(items):
+            s = self.layouts[item].num_slots
+            out, n_gen, state = tables[i, : S * K].view(S, K), tables[i, S * K : S * K + S], tables[i, S * K + S : -1]
+            rec = recorded[i, :s] if recorded is not None else None
+            result.append((out[:s], n_gen[:s], state[:s], int(tables[i, -1]), rec))
+        return result
 
     def parse(self, item: int, outputs) -> Result:
         out, n_gen, state, passes, recorded = outputs

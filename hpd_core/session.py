@@ -69,9 +69,9 @@ class Session:
         host at once and parsed on ``parser`` (a background thread) while the model computes on."""
         pending: dict[int, Future] = {}
         while True:
-            for row in self.done():
-                item = self.item[row]
-                outputs = self.outputs(row, item)
+            done = self.done()
+            items = [self.item[row] for row in done]
+            for row, item, outputs in zip(done, items, self.outputs(done, items) if done else []):
                 pending[item] = parser.submit(self.parse, item, outputs) if parser else _done(self.parse(item, outputs))
                 self.item[row] = None
                 if self.on_done is not None:
@@ -87,8 +87,8 @@ class Session:
         taken = [(row, self.queue.popleft()) for row in free[: len(self.queue)]]
         if not taken:
             return
-        rows = torch.tensor([row for row, _ in taken], device=self.runner.device)
-        self.cache.clear_rows(rows)
+        rows = [row for row, _ in taken]
+        self.cache.clear_rows(torch.tensor(rows, device=self.runner.device))
         for row, item in taken:
             self.item[row] = item
             prompt = self.prompts[item]
@@ -97,7 +97,7 @@ class Session:
         hidden = self.prefill([self.prompts[item] for _, item in taken], rows)
         self.start([row for row, _ in taken], [item for _, item in taken], hidden)
 
-    def prefill(self, prompts: list[Prompt], rows: torch.Tensor) -> list[torch.Tensor]:
+    def prefill(self, prompts: list[Prompt], rows: list[int]) -> list[torch.Tensor]:
         """The prompts' tokens after their prefixes, into ``rows``, in forwards of at most the
         runner's ``prefill_tokens`` new tokens (whole prompts; 0: one forward); per prompt the
         hidden states at its ``outputs`` (n_outputs, hidden)."""
@@ -110,30 +110,38 @@ class Session:
             total += n
         return out + self.prefill_forward(prompts[start:], rows[start:])
 
-    def prefill_forward(self, prompts: list[Prompt], rows: torch.Tensor) -> list[torch.Tensor]:
+    def prefill_forward(self, prompts: list[Prompt], rows: list[int]) -> list[torch.Tensor]:
         """One forward over the prompts' tokens after their prefixes, into ``rows``; per prompt the
-        hidden states at its ``outputs`` (n_outputs, hidden)."""
+        hidden states at its ``outputs`` (n_outputs, hidden). The per-token inputs go to the device
+        in one copy and the outputs come out of one gather: each copy from the host can make it
+        wait for the device (GPU session 42's profile)."""
         dev = self.runner.device
         spans = [range(p.prefix, len(p.ids)) for p in prompts]
-        flat = lambda values: torch.tensor([v for p, span in zip(prompts, spans) for v in values(p, span)], device=dev)
+        inputs = torch.tensor([
+            [row for row, span in zip(rows, spans) for _ in span],
+            [i for span in spans for i in span],
+            [t for p, span in zip(prompts, spans) for t in p.ids[span.start :]],
+            [q for p, span in zip(prompts, spans) for q in p.positions[span.start :]],
+        ], device=dev)  # fmt: skip
+        token_rows, columns, ids, positions = inputs.unbind(0)
         hidden = self.runner.forward(
             self.cache,
-            rows.repeat_interleave(torch.tensor([len(span) for span in spans], device=dev)),
-            flat(lambda p, span: span),
-            flat(lambda p, span: p.ids[span.start :]),
-            flat(lambda p, span: p.positions[span.start :]),
-            torch.zeros(sum(len(span) for span in spans), dtype=torch.long, device=dev),
+            token_rows,
+            columns,
+            ids,
+            positions,
+            torch.zeros_like(columns),
             end=max(len(p.ids) for p in prompts),
             kind="prefill",
             # each row: its prefix, then its own tokens, all present; in position order, each token
             # sees exactly the entries before it (a prompt whose positions go back uses the mask)
             causal=all(in_order(p.positions) for p in prompts),
         )
-        out, start = [], 0
+        picked, start = [], 0
         for p, span in zip(prompts, spans):
-            out.append(hidden[[start + i - span.start for i in p.outputs]])
+            picked += [start + i - span.start for i in p.outputs]
             start += len(span)
-        return out
+        return list(hidden[torch.tensor(picked, device=dev)].split([len(p.outputs) for p in prompts]))
 
     def prefix(self, ids: tuple[int, ...]) -> Prefix:
         """The keys and values of a shared prefix: from the store, or one forward over it alone."""
@@ -187,8 +195,9 @@ class Session:
         """Busy rows whose prompt is finished."""
         raise NotImplementedError
 
-    def outputs(self, row: int, item: int):
-        """What the result of the prompt in ``row`` is made from, copied off the row (host data)."""
+    def outputs(self, rows: list[int], items: list[int]) -> list:
+        """What the results of the prompts ``items`` in ``rows`` are made from, one per row, copied
+        off the rows (host data; the rows are refilled next)."""
         raise NotImplementedError
 
     def parse(self, item: int, outputs):
