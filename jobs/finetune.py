@@ -118,6 +118,35 @@ TRAIN_OPTIONS = (
 )  # fmt: skip
 
 
+RUN_FILE = "run.json"  # in OUT/checkpoint/: what the run's first sitting was asked, for --resume to check
+SITTING_OPTIONS = ("resume", "stop_after_epoch", "checkpoint_minutes", "log_every", "save_epochs", "func")
+
+
+def run_identity(args: argparse.Namespace, data_stats: dict) -> dict:
+    """What a run's result depends on: its command's options (not those of one sitting:
+    ``SITTING_OPTIONS``) and the data it read."""
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in SITTING_OPTIONS}
+    return {"options": options, "data": data_stats}
+
+
+def check_resume(checkpoints: Path, identity: dict) -> None:
+    """``--resume`` continues the run in ``checkpoints`` only with the options and data of its
+    first sitting: anything else would go on silently with other prompts or another schedule."""
+    path = checkpoints / RUN_FILE
+    if not path.is_file():
+        logging.warning("--resume: %s is missing (a checkpoint from before it was written): options not checked", path)
+        return
+    first, identity = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(identity))
+    flag = lambda key: "--" + key.replace("_", "-")
+    differ = [f"{flag(k)} ({first['options'].get(k)!r} then, {v!r} now)" for k, v in identity["options"].items()
+              if first["options"].get(k) != v]  # fmt: skip
+    if first["data"] != identity["data"]:
+        differ.append(f"the data ({first['data']} then, {identity['data']} now)")
+    if differ:
+        raise ValueError(f"--resume: this command differs from the run's first sitting in {', '.join(differ)}: "
+                         f"resume with the same options, or start a new run in another --out")  # fmt: skip
+
+
 def split(products: list, fraction: float, seed: int) -> tuple[list, list]:
     """(train, validation): a seeded random ``fraction`` of the products is held out."""
     if not 0 <= fraction < 1:
@@ -197,6 +226,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and (checkpoints / "checkpoint.pt").is_file():
         raise ValueError(f"{checkpoints} holds a checkpoint of an earlier run: pass --resume to continue it, "
                          "or choose another --out")
+    identity = run_identity(args, data.stats)
+    if args.resume:
+        check_resume(checkpoints, identity)
+    else:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        (checkpoints / RUN_FILE).write_text(json.dumps(identity, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if not args.teacher and (validation := write_validation(sources, val_products, args.out, schema)):
         logging.info("validation products (%d) written to %s for hpd extract / evaluate", len(val_products), validation)
 

@@ -191,7 +191,8 @@ def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
 
 def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     """A run in two sittings: the first stops after epoch 1 (its adapter kept with --save-epochs, the
-    checkpoint kept, no final adapter), the same command with --resume finishes the schedule."""
+    checkpoint kept, no final adapter), the same command with --resume finishes the schedule; a
+    --resume with other options is refused."""
     out = tmp_path / "run"
     argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
             "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4", "--epochs", "2",
@@ -201,7 +202,13 @@ def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     assert first["stopped"] and len(first["val_losses"]) == 2
     assert (out / "checkpoint" / "checkpoint.pt").is_file() and (out / "epoch-1").is_dir()
     assert not (out / CONFIG_FILE).exists() and not (out / "epoch-2").exists()
-    assert main(argv + ["--resume"]) == 0
+    # a resumed sitting must be the same run: other options or data are refused, checkpoint kept
+    assert main(argv + ["--resume", "--examples", "2"]) == 2
+    assert "--examples (None then, 2 now)" in capsys.readouterr().err
+    assert main([*argv[:-3], "--lr", "2e-2", "--save-epochs", "--resume"]) == 2
+    assert "--lr (0.01 then, 0.02 now)" in capsys.readouterr().err
+    assert (out / "checkpoint" / "checkpoint.pt").is_file()
+    assert main(argv + ["--resume", "--checkpoint-minutes", "30"]) == 0  # an option of the sitting only
     record = json.loads((out / CONFIG_FILE).read_text())
     assert record["report"]["steps"] > first["steps"] and len(record["report"]["val_losses"]) == 3
     assert record["report"]["val_losses"][:2] == first["val_losses"]
