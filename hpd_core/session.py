@@ -95,7 +95,7 @@ class Session:
             if prompt.prefix:
                 self.cache.copy_prefix(row, self.prefix(prompt.ids[: prompt.prefix]))
         hidden = self.prefill([self.prompts[item] for _, item in taken], rows)
-        self.start([row for row, _ in taken], [item for _, item in taken], hidden)
+        self.start(rows, [item for _, item in taken], hidden)
 
     def prefill(self, prompts: list[Prompt], rows: list[int]) -> list[torch.Tensor]:
         """The prompts' tokens after their prefixes, into ``rows``, in forwards of at most the

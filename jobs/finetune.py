@@ -122,11 +122,15 @@ RUN_FILE = "run.json"  # in OUT/checkpoint/: what the run's first sitting was as
 SITTING_OPTIONS = ("resume", "stop_after_epoch", "checkpoint_minutes", "log_every", "save_epochs", "func")
 
 
+def plain_args(args: argparse.Namespace, skip=("func",)) -> dict:
+    """The command's options as JSON values (paths as strings), without those in ``skip``."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in skip}
+
+
 def run_identity(args: argparse.Namespace, data_stats: dict) -> dict:
     """What a run's result depends on: its command's options (not those of one sitting:
     ``SITTING_OPTIONS``) and the data it read."""
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in SITTING_OPTIONS}
-    return {"options": options, "data": data_stats}
+    return {"options": plain_args(args, SITTING_OPTIONS), "data": data_stats}
 
 
 def check_resume(checkpoints: Path, identity: dict) -> None:
@@ -254,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(checkpoints, ignore_errors=True)  # the run is complete: its result is saved
 
     record = {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+        "args": plain_args(args),
         "train_config": asdict(config),
         "learning_rate": config.learning_rate,
         "model": asdict(model_config),
