@@ -232,3 +232,24 @@ def test_docs_per_prompt_options_map_to_the_mix():
     assert (config(6, None).docs_per_prompt, config(6, None).max_docs_per_prompt) == (6, None)
     assert (config(None, 4).docs_per_prompt, config(None, 4).max_docs_per_prompt) == (1, 4)
     assert (config(2, 5).docs_per_prompt, config(2, 5).max_docs_per_prompt) == (2, 5)
+
+
+def test_resume_check_names_what_differs_and_passes_old_checkpoints(tmp_path, caplog):
+    """check_resume: the same identity passes; another option or other data is named; a checkpoint
+    from before run.json existed is resumed with a warning, unchecked."""
+    import argparse
+
+    from jobs.finetune import RUN_FILE, check_resume, run_identity
+
+    args = argparse.Namespace(train=tmp_path / "t", lr=1e-2, examples=None, resume=False, log_every=5, func=print)
+    first = run_identity(args, {"products": 6})
+    assert first["options"] == {"train": str(tmp_path / "t"), "lr": 1e-2, "examples": None}  # sitting options left out
+    check_resume(tmp_path, first)  # no run.json: an older checkpoint
+    assert RUN_FILE in caplog.text and "not checked" in caplog.text
+    (tmp_path / RUN_FILE).write_text(json.dumps(first))
+    later = argparse.Namespace(**{**vars(args), "resume": True, "log_every": 50})
+    check_resume(tmp_path, run_identity(later, {"products": 6}))
+    with pytest.raises(ValueError, match=r"--lr \(0.01 then, 0.02 now\)"):
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 2e-2}), {"products": 6}))
+    with pytest.raises(ValueError, match="the data"):
+        check_resume(tmp_path, run_identity(later, {"products": 7}))
