@@ -13,7 +13,7 @@
 #                      memory allows, as in a catalog run), step shapes "auto" (HPD's heavy batches
 #                      packed, the baseline fixed with graphs: session 32) in scale/bench.md; then
 #                      the titles at 512 products the same way, its table into log.txt
-#   profile-hpd.txt    HPD's timed run of the long workload under torch.profiler (scripts/gpu_profile.py;
+#   profile-hpd.txt    HPD's timed run of the long workload (PROFILE_WORKLOAD=titles: the titles) under torch.profiler (scripts/gpu_profile.py;
 #                      at catalog scale: NUM_PRODUCTS=512 BENCH_ARGS="--batch-size 512" LIMIT=300);
 #   syncs-hpd.txt      with SYNCS=1: the run's host-device synchronisations counted by calling line
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
@@ -44,6 +44,7 @@ NUM_PRODUCTS=${NUM_PRODUCTS:-64}
 SCALE_PRODUCTS=${SCALE_PRODUCTS:-512}  # the part "scale"
 BENCH_ARGS=${BENCH_ARGS:-}  # more hpd bench arguments for both workloads, e.g. "--repeats 3"
 LIMIT=${LIMIT:-0}  # seconds each part may run (0: no limit), so that one stalled part leaves time for the rest
+PROFILE_WORKLOAD=${PROFILE_WORKLOAD:-long}  # the part "profile": long or titles
 what=${1:-all}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -130,9 +131,14 @@ if [[ $what == attention ]]; then  # packed-step attention: the engine's masked 
   echo "== attention A/B" | tee -a "$LOG"
   limit $PY scripts/gpu_attention_ab.py 2>&1 | tee -a "$LOG" || status=1
 fi
-if [[ $what == profile ]]; then  # where HPD's time goes on the long workload
-  echo "== profile" | tee -a "$LOG"
-  limit $PY scripts/gpu_profile.py --profile-out "$OUT" bench $(workload) "${LONG[@]}" --repeats 1 \
+if [[ $what == profile ]]; then  # where HPD's time goes on the long workload (PROFILE_WORKLOAD=titles: the titles)
+  case $PROFILE_WORKLOAD in
+    long) shape=("${LONG[@]}") ;;
+    titles) shape=("${TITLES[@]}") ;;
+    *) echo "PROFILE_WORKLOAD must be long or titles, got $PROFILE_WORKLOAD" >&2; exit 2 ;;
+  esac
+  echo "== profile ($PROFILE_WORKLOAD)" | tee -a "$LOG"
+  limit $PY scripts/gpu_profile.py --profile-out "$OUT" bench $(workload) "${shape[@]}" --repeats 1 \
     --out /tmp/hpd-profile-bench $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
 fi
 exit $status
