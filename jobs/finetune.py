@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--train-embeddings", action="store_true", help="with --full, also train the token embeddings / LM head")
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
     train.add_argument("--checkpoint-minutes", type=float, help=f"save the training state this often (default {TRAIN_DEFAULTS.checkpoint_minutes:g}) in OUT/checkpoint/")
-    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (same result as an uninterrupted run)")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ with the first sitting's options and data (checked; "
+                            "same result as an uninterrupted run)")
     train.add_argument("--stop-after-epoch", type=int, metavar="N",
                        help="end this sitting after epoch N, checkpointed; the same command with --resume continues "
                             "the same schedule (a long run in sittings, or learning rates compared after epoch N)")
