@@ -18,8 +18,10 @@
 #   syncs-hpd.txt      with SYNCS=1: the run's host-device synchronisations counted by calling line
 #   log.txt            the GPU, driver, torch and transformers versions, then everything the parts printed
 # Usage, from the repository root:
-#   bash scripts/gpu_session.sh [tests|long|titles|scale|jsweep|eager|cudnn|profile|compile|attention|all]
-#   (default all: tests, long, titles, scale; jsweep, eager, cudnn, profile, compile and attention only when named;
+#   bash scripts/gpu_session.sh [tests|long|titles|scale|jsweep|eager|cudnn|profile|forwards|compile|attention|all]
+#   (default all: tests, long, titles, scale; jsweep, eager, cudnn, profile, forwards, compile and attention only when named;
+#   forwards: scripts/forward_times.py, every forward of both decoders' timed run timed by kind (prefix, prefill,
+#   step) on PROFILE_WORKLOAD, into forwards-ar.txt and forwards-hpd.txt;
 #   attention: scripts/gpu_attention_ab.py, the packed steps' masked attention against a split one, into log.txt;
 #   jsweep: the long workload at SCALE_PRODUCTS, the baseline once and HPD at J = SWEEP_DOCS (1,2,4), jsweep/sweep.md;
 #   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs, norms, rotary,
@@ -44,7 +46,7 @@ NUM_PRODUCTS=${NUM_PRODUCTS:-64}
 SCALE_PRODUCTS=${SCALE_PRODUCTS:-512}  # the part "scale"
 BENCH_ARGS=${BENCH_ARGS:-}  # more hpd bench arguments for both workloads, e.g. "--repeats 3"
 LIMIT=${LIMIT:-0}  # seconds each part may run (0: no limit), so that one stalled part leaves time for the rest
-PROFILE_WORKLOAD=${PROFILE_WORKLOAD:-long}  # the part "profile": long or titles
+PROFILE_WORKLOAD=${PROFILE_WORKLOAD:-long}  # the parts "profile" and "forwards": long or titles
 what=${1:-all}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -131,12 +133,20 @@ if [[ $what == attention ]]; then  # packed-step attention: the engine's masked 
   echo "== attention A/B" | tee -a "$LOG"
   limit $PY scripts/gpu_attention_ab.py 2>&1 | tee -a "$LOG" || status=1
 fi
-if [[ $what == profile ]]; then  # where HPD's time goes on the long workload (PROFILE_WORKLOAD=titles: the titles)
+if [[ $what == profile || $what == forwards ]]; then
   case $PROFILE_WORKLOAD in
     long) shape=("${LONG[@]}") ;;
     titles) shape=("${TITLES[@]}") ;;
     *) echo "PROFILE_WORKLOAD must be long or titles, got $PROFILE_WORKLOAD" >&2; exit 2 ;;
   esac
+fi
+if [[ $what == forwards ]]; then  # each forward of both decoders' timed run timed, by kind (scripts/forward_times.py)
+  echo "== forwards ($PROFILE_WORKLOAD)" | tee -a "$LOG"
+  limit $PY scripts/forward_times.py --times-out "$OUT" bench $(workload) "${shape[@]}" --repeats 1 \
+    --out /tmp/hpd-forwards-bench $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
+  tail -n 5 "$OUT"/forwards-*.txt >> "$LOG" 2>/dev/null || true
+fi
+if [[ $what == profile ]]; then  # where HPD's time goes on the long workload (PROFILE_WORKLOAD=titles: the titles)
   echo "== profile ($PROFILE_WORKLOAD)" | tee -a "$LOG"
   limit $PY scripts/gpu_profile.py --profile-out "$OUT" bench $(workload) "${shape[@]}" --repeats 1 \
     --out /tmp/hpd-profile-bench $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
