@@ -20,11 +20,12 @@ On a CPU in bfloat16 a causal forward attends through matrix products instead (`
 each row's packed queries in blocks, scores as exact as the flash kernel's, a float32 softmax),
 since PyTorch's CPU flash kernel reaches about a third of their speed at these head sizes.
 On a CPU, a packed step whose rows hold several queries (HPD's) goes row by row instead
-(``row_queries``, ``row_plan``, from the runner): each row's real queries, in groups, over views of
-one or two ranges of its keys and values that hold every entry one of the group's queries may see
-(hpd_core/reach.py; two ranges merged by log-sum-exp, ``ranged_sdpa``), so neither the grid's
-padding queries nor most entries no query of a group may see are computed; the entries left out
-are masked for all of the group's queries, so the result is the masked call's.
+(``row_queries``, ``row_plan``, from the runner): each row's real queries, in groups, each in one
+call over one or two ranges of its keys and values that hold every entry one of the group's queries
+may see (a view of one range, two gathered; hpd_core/reach.py, ``read_sdpa``), with the group's
+mask over them built once per forward, so neither the grid's padding queries nor most entries no
+query of a group may see are computed; the entries left out are masked for all of the group's
+queries, so the result is the masked call's.
 
 It is registered under ``ENGINE_ATTENTION`` and switched on only around the engine's own forward
 passes (``engine_attention``), so a model shared with other code keeps its configured
@@ -69,7 +70,7 @@ def engine_sdpa(
     layer_windows: tuple[int | None, ...] | None = None,  # causal forward: each layer's window
     bands: dict | None = None,  # causal forward: per window, [(first query, end, first entry, mask)]
     row_queries: list[tuple[int, int, int]] | None = None,  # packed: per row, (first packed query, count, cache row)
-    row_plan: dict | None = None,  # with row_queries: per window, per row, groups of queries and their entries (reach.py)
+    row_plan: dict | None = None,  # with row_queries: per window, per row, each group's queries, entries and mask (reach.group_reads)
     folded: bool = False,  # the mask is already folded for grouped-query attention (``fold_mask``)
     runs: list | None = None,  # causal forward: ``row_runs(*unpack, rows)``, computed once by the runner
     **kwargs,
@@ -78,23 +79,20 @@ def engine_sdpa(
     if kwargs.get("softcap") is not None:
         raise ValueError("the engine's SDPA attention has no logit soft-capping: load the model with attention='eager'")
     heads = query.shape[1]
+    if row_queries is not None and causal_width is None:  # row by row, groups of real queries over what they see
+        reads = row_plan[layer_windows[module.layer_idx]]  # reach.group_reads: entries and masks, per row
+        parts = [
+            read_sdpa(query[:, :, qs + q0 : qs + q1], key[c : c + 1], value[c : c + 1], entries, mask, dropout, scaling)
+            for (qs, _, c), row in zip(row_queries, reads)
+            for q0, q1, entries, mask in row
+        ]  # fmt: skip
+        return torch.cat(parts, 2).transpose(1, 2), None
     if causal_width is not None:
         if unpack is None or causal_width != key.shape[2]:
             raise ValueError("a causal forward takes packed queries over all of its rows' entries")
         rows, queries, attention_mask = key.shape[0], causal_width, None
     else:
         rows, queries = attention_mask.shape[0], attention_mask.shape[2] // (heads // key.shape[1] if folded else 1)
-    if row_queries is not None and causal_width is None:  # row by row, groups of real queries over what they see
-        if folded:
-            raise ValueError("row-by-row attention takes the mask unfolded")
-        plan = row_plan[layer_windows[module.layer_idx]]
-        parts = [
-            ranged_sdpa(query[:, :, qs + q0 : qs + q1], key[c : c + 1], value[c : c + 1],
-                        attention_mask[i : i + 1, :, q0:q1], ranges, dropout, scaling)
-            for i, ((qs, _, c), groups) in enumerate(zip(row_queries, plan))
-            for q0, q1, ranges in groups
-        ]  # fmt: skip
-        return torch.cat(parts, 2).transpose(1, 2), None
     window = layer_windows[module.layer_idx] if causal_width is not None and layer_windows is not None else None
     if causal_width is not None and matmul_applies(query, dropout):
         runs = runs if runs is not None else row_runs(*unpack, rows)
@@ -121,35 +119,25 @@ def engine_sdpa(
     return out.reshape(rows, heads, queries, -1).transpose(1, 2), None  # (rows, A, H, Dv)
 
 
-def ranged_sdpa(
+def read_sdpa(
     query: torch.Tensor,  # (1, H, Q, D)
     key: torch.Tensor,  # (1, H_kv, C, D)
     value: torch.Tensor,  # (1, H_kv, C, Dv)
-    mask: torch.Tensor,  # (1, 1, Q, C) additive
-    ranges: tuple[tuple[int, int], ...],  # one or two [first, end) ranges of entries, every other masked
+    entries: tuple[int, int] | torch.Tensor,  # a range [first, end) of entries, or their indices
+    mask: torch.Tensor,  # (1, 1, G x Q, E) additive over those entries, folded where G > 1 (reach.group_reads)
     dropout: float = 0.0,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """``sdpa`` over the entries in ``ranges`` only, as (1, H, Q, Dv). Two ranges are two calls of
-    PyTorch's CPU flash kernel (the op behind SDPA there, which also gives each query's log-sum-exp)
-    merged by their log-sum-exps: the softmax over both ranges. A query whose entries all lie in one
-    range gets weight zero from the other (its masked scores' log-sum-exp is near the dtype's min).
-    Values of another head size than the queries' take one masked call over the ranges' hull."""
-    if len(ranges) == 1 or value.shape[-1] != query.shape[-1]:  # the CPU flash op wants Dv == D
-        start, end = ranges[0][0], ranges[-1][1]
-        return sdpa(query, key[:, :, start:end], value[:, :, start:end], mask[..., start:end], dropout, scale)
-    if dropout:
-        raise ValueError("attention over two ranges of entries takes no dropout")
-    _, heads, queries, dim = query.shape
-    kv_heads = key.shape[1]
-    folded = query.reshape(1, kv_heads, heads // kv_heads * queries, dim)  # head h = kv head h // G, as grouped_sdpa
-    (o1, l1), (o2, l2) = (
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            folded, key[:, :, start:end], value[:, :, start:end], 0.0, False,
-            attn_mask=fold_mask(mask[..., start:end], heads // kv_heads), scale=scale)
-        for start, end in ranges
-    )  # fmt: skip
-    return merge(o1, l1, o2, l2).reshape(1, heads, queries, -1)
+    """``sdpa`` of a group's queries over the entries it reads, as (1, H, Q, Dv): a range is a view
+    of the cache, indices are gathered (one call over two ranges, where the two calls merged by
+    their log-sum-exps before took 1.15-2.3x as long on the 2-core CPU). Every other entry is one
+    the mask hides from all of the group's queries, so the result is the masked call's."""
+    if isinstance(entries, torch.Tensor):
+        key, value = key.index_select(2, entries), value.index_select(2, entries)
+    else:
+        key, value = key[:, :, entries[0] : entries[1]], value[:, :, entries[0] : entries[1]]
+    folded = query.shape[1] > key.shape[1]
+    return grouped_sdpa(query, key, value, mask, dropout, scale, folded=folded).reshape(*query.shape[:3], -1)
 
 
 def causal_matmul(

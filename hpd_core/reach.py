@@ -8,9 +8,11 @@ and a value of the row's j-th product may see the prompt up to its own key (and,
 layer, only the last window of it) and the values written so far, not the later products' text in
 between. So a row's queries are cut into runs of consecutive queries (those of one product, as it
 turns out) and each run reads the hull of what its queries may see less its largest gap: two
-ranges, whose SDPA results are merged by their log-sum-exps (``attention.ranged_sdpa``). The cut is
-a greedy cost rule over pairs computed plus a fixed cost per SDPA call; entries left out are
-masked for all of the group's queries, so the result is the masked call's.
+ranges. The cut is a greedy cost rule over pairs computed, entries gathered and a fixed cost per
+SDPA call; entries left out are masked for all of the group's queries, so the result is the masked
+call's. Each group then reads its entries in one SDPA call (``group_reads``,
+``attention.read_sdpa``): a view of one range, or two ranges gathered into one, with the group's
+mask over them built once per forward for all layers of a window.
 
 Measured on the README's 96 titles (the 2-core AMD EPYC, one thread, bf16, `--spans`): a sliding
 layer's steps computed 100% of their row ranges' pairs before, 28% with the groups (18.6% are
@@ -22,10 +24,19 @@ from __future__ import annotations
 
 import torch
 
+from hpd_core.attention import fold_mask
+from hpd_core.masks import additive
+
 # one more SDPA call costs about as much as this many (query, entry) pairs (EPYC, Gemma's 4 x 256
 # heads: ~15-20 us a call, ~60 ns a pair); in the decode, medians of two runs each: 100 -> 24.62 s,
 # 400 -> 23.89 s, 1600 -> 25.25 s (session 36)
 CALL_PAIRS = 400
+# a group's second range is gathered (``attention.read_sdpa``): each of its entries copied costs about
+# this many pairs. With 0.5, HPD's steps on the README's 96 titles took 2.55-2.63 s against 2.84-3.49 s
+# for two calls merged by their log-sum-exps (session 43, two processes each); 0 and 0.25 did about
+# as well in the attention's own time; with 2 (fewer, larger groups) the steps' sliding layers
+# attended about as slowly as before.
+GATHER_PAIRS = 0.5
 
 Ranges = tuple[tuple[int, int], ...]  # [first, end) entries, ascending, disjoint
 Group = tuple[int, int, Ranges]  # the row's queries [q0, q1) and the entries they read
@@ -52,16 +63,18 @@ def row_plan(allowed: torch.Tensor, counts: list[int], call_pairs: int = CALL_PA
 
 
 def _groups(ranges: list[Ranges], call_pairs: int) -> list[Group]:
-    """Consecutive queries joined while their joint cover costs no more than apart (greedy); a
-    cover's two ranges are joined into one where the gap's pairs cost less than a call."""
+    """Consecutive queries joined while their joint cover costs no more than apart (greedy): a
+    call, the pairs computed and, for two ranges, the entries gathered. A cover's two ranges are
+    joined into one where the gap's pairs cost no more than gathering them."""
 
     def settle(cover: Ranges, n: int) -> Ranges:
-        if len(cover) == 2 and n * (cover[1][0] - cover[0][1]) <= call_pairs:
+        if len(cover) == 2 and n * (cover[1][0] - cover[0][1]) <= GATHER_PAIRS * sum(e - s for s, e in cover):
             return ((cover[0][0], cover[1][1]),)
         return cover
 
     def cost(cover: Ranges, n: int) -> int:
-        return n * sum(end - start for start, end in cover) + call_pairs * len(cover)
+        entries = sum(end - start for start, end in cover)
+        return n * entries + call_pairs + (GATHER_PAIRS * entries if len(cover) == 2 else 0)
 
     groups = []
     q0, cover = 0, settle(ranges[0], 1)
@@ -90,3 +103,29 @@ def cover_of(ranges: Ranges) -> Ranges:
         i = min(range(len(joined) - 1), key=lambda i: joined[i + 1][0] - joined[i][1])
         joined[i : i + 2] = [(joined[i][0], joined[i + 1][1])]
     return tuple(joined)
+
+
+Read = tuple[int, int, "tuple[int, int] | torch.Tensor", torch.Tensor]  # queries [q0, q1), entries, their mask
+
+
+def group_reads(allowed: torch.Tensor, plans: list[list[Group]], dtype: torch.dtype, groups: int) -> list[list[Read]]:
+    """Per row, each group of ``row_plan`` as (q0, q1, entries, mask): the entries a range (start,
+    end) or, for two ranges, their indices (gathered by ``attention.read_sdpa``), and the group's
+    additive mask over just those entries, (1, 1, G x queries, entries) folded for grouped-query
+    attention where G > 1 (``attention.fold_mask``), (1, 1, queries, entries) otherwise. Built once
+    per forward, it serves every layer of the window."""
+    reads = []
+    for i, plan in enumerate(plans):
+        row = []
+        for q0, q1, ranges in plan:
+            if len(ranges) == 1:
+                entries = ranges[0]
+                seen = allowed[i, q0:q1, entries[0] : entries[1]]
+            else:
+                entries = torch.cat([torch.arange(start, end, device=allowed.device) for start, end in ranges])
+                seen = allowed[i, q0:q1].index_select(1, entries)
+            mask = additive(seen[None], dtype)
+            row.append((q0, q1, entries, fold_mask(mask, groups) if groups > 1 else mask))
+        reads.append(row)
+    return reads
+

@@ -39,7 +39,7 @@ from hpd_core import masks
 from hpd_core.attention import engine_attention, fold_mask, row_runs, uses_sdpa
 from hpd_core.compiled import CompiledLayers
 from hpd_core.kvcache import RowCache, Write
-from hpd_core.reach import CALL_PAIRS, row_plan
+from hpd_core.reach import CALL_PAIRS, group_reads, row_plan
 from hpd_core.sampling import select
 
 BAND_BLOCK = 64  # queries per block of a sliding layer's banded causal attention
@@ -171,26 +171,24 @@ class ModelRunner:
             keys = cache.keys_of(read_rows, end)
             own = grid_index.clamp(max=end - 1)  # padding queries (index: scratch) see some entry, no NaN
             by_row = packed and self.row_attention and A >= self.row_min_queries
-            plan: dict = {}  # per window: each row's groups of real queries and the entries they read
-            row_counts = counts.tolist() if by_row else None
-
-            def rule(window):
-                allowed = masks.allowed(*keys, grid_pos, grid_gen, own, window)
-                if by_row:
-                    plan[window] = row_plan(allowed, row_counts, self.call_pairs)
-                return allowed
-
-            # grouped-query attention folds the query heads of a K/V head into the query axis
-            # (attention.grouped_sdpa): its mask is folded here once, for all layers
-            fold = self.engine_sdpa and self.groups > 1 and not by_row
-            mask = self.mask(rule, fold)
-            kwargs = {"folded": True} if fold else {}
+            rule = lambda window: masks.allowed(*keys, grid_pos, grid_gen, own, window)  # noqa: E731
+            if by_row:  # each row's groups of real queries, the entries they read and their masks, per window
+                row_counts = counts.tolist()
+                plan = {window: group_reads(allowed, row_plan(allowed, row_counts, self.call_pairs), self.dtype, self.groups)
+                        for window in set(self.layer_window) for allowed in (rule(window),)}  # fmt: skip
+                placeholder = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device)  # the groups carry the masks
+                mask = masks.for_layers(self.windows, lambda window: placeholder)
+                cache_rows = read_rows.tolist() if read_rows is not None else range(b)  # K/V: every row, not gathered
+                kwargs = {"row_queries": list(zip(starts.tolist(), row_counts, cache_rows)), "row_plan": plan,
+                          "layer_windows": self.layer_window}  # fmt: skip
+            else:
+                # grouped-query attention folds the query heads of a K/V head into the query axis
+                # (attention.grouped_sdpa): its mask is folded here once, for all layers
+                fold = self.engine_sdpa and self.groups > 1
+                mask = self.mask(rule, fold)
+                kwargs = {"folded": True} if fold else {}
             if packed:
                 kwargs["unpack"] = (group, column)
-            if by_row:
-                cache_rows = read_rows.tolist() if read_rows is not None else range(b)  # K/V: every row, not gathered
-                kwargs |= {"row_queries": list(zip(starts.tolist(), row_counts, cache_rows)), "row_plan": plan,
-                           "layer_windows": self.layer_window}  # fmt: skip
         if packed:
             ids, positions = tokens[None], pos[None]
             write_rows, write_index = rows, index

@@ -85,15 +85,16 @@ def test_engine_attention_leaves_cudnn_out_unless_asked(models, tokenizer, decod
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 1), (8, 2), (4, 4)])
-def test_attention_over_two_ranges_is_the_masked_call(heads, kv_heads):
-    """attention.ranged_sdpa: a group's queries over two ranges of entries (everything outside them
-    masked), merged by log-sum-exp, equal the masked call over all entries (float32): with queries
-    that see entries in both ranges, and queries whose entries all lie in one of them."""
-    from hpd_core.attention import ranged_sdpa
+def test_attention_over_a_groups_entries_is_the_masked_call(heads, kv_heads):
+    """attention.read_sdpa over what reach.group_reads gives a group: one range (a view) or two
+    (gathered into one call), with the group's mask over just those entries, equals the masked
+    call over all entries (float32): with queries that see entries in both ranges, and queries
+    whose entries all lie in one of them; also for values of another head size."""
+    from hpd_core.attention import read_sdpa
     from hpd_core.masks import additive
+    from hpd_core.reach import group_reads
 
     q, k, v, _ = draw(1, heads, kv_heads, 6, 40)
-    v = v[..., :16].contiguous()  # the CPU flash kernel's head size (Dv == D), as every model here has
     g = torch.Generator().manual_seed(1)
     allowed = torch.zeros(1, 6, 40, dtype=torch.bool)
     allowed[:, :, 3:15] = torch.rand(1, 6, 12, generator=g) < 0.7
@@ -103,13 +104,14 @@ def test_attention_over_two_ranges_is_the_masked_call(heads, kv_heads):
     allowed[0, 0, 5] = allowed[0, 1, 30] = True
     allowed[0, 2:, 30] = True
     mask = additive(allowed, torch.float32)
-    expected = sdpa(q, k, v, mask, scale=0.3)
-    for ranges in (((3, 15), (28, 37)), ((0, 20), (25, 40)), ((3, 37),)):
-        out = ranged_sdpa(q, k, v, mask, ranges, scale=0.3)
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
-    wide = torch.cat([v, v], -1)  # another head size: one call over the hull
-    torch.testing.assert_close(ranged_sdpa(q, k, wide, mask, ((3, 15), (28, 37)), scale=0.3),
-                               sdpa(q, k, wide, mask, scale=0.3), rtol=1e-5, atol=1e-6)
+    for values in (v[..., :16].contiguous(), v):  # the flash kernel's head size, and another
+        expected = sdpa(q, k, values, mask, scale=0.3)
+        for ranges in (((3, 15), (28, 37)), ((0, 20), (25, 40)), ((3, 37),)):
+            plan = [[(0, 2, ranges), (2, 6, ranges)]]  # two groups of the row's queries
+            parts = [read_sdpa(q[:, :, q0:q1], k, values, entries, m, scale=0.3)
+                     for q0, q1, entries, m in group_reads(allowed, plan, torch.float32, heads // kv_heads)[0]]  # fmt: skip
+            assert isinstance(group_reads(allowed, plan, torch.float32, 1)[0][0][2], torch.Tensor) == (len(ranges) == 2)
+            torch.testing.assert_close(torch.cat(parts, 2), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_compensated_bfloat16_scores_are_as_exact_as_float32_accumulators():

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hpd_core import reach
 from hpd_core.attention import engine_sdpa, fold_mask
 from hpd_core.autoregressive import AutoregressiveDecoder
 from hpd_core.config import DecodeConfig
@@ -263,13 +264,13 @@ def test_matmul_prefill_equals_the_masked_prefill(models, tokenizer, arch, band_
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3-swa", "mistral-swa"])
-def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokenizer, arch):
+def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokenizer, arch, monkeypatch):
     """CPU steps whose rows hold several queries attend row by row, each row's real queries in
     groups over one or two ranges of the entries one of them may see (hpd_core/reach.py; padding
-    queries and unreachable entries left out, two ranges merged by log-sum-exp): the same tokens
+    queries and unreachable entries left out, two ranges gathered into one call): the same tokens
     and step logits as the batched, masked call, with rows of different lengths, shared prefixes,
-    refilled rows and (swa, gemma3) windows smaller than the prompts. Calls are priced low here so
-    that rows this small are split too."""
+    refilled rows and (swa, gemma3) windows smaller than the prompts. Calls and gathers are priced
+    low here so that rows this small are split too."""
     rng = random.Random(11)
     requests = category_requests(rng, 5)
     config = DecodeConfig(max_value_tokens=5, max_batch_size=3)
@@ -277,6 +278,7 @@ def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokeni
     slow = make_decoder("hpd", models[arch], tokenizer, config)
     slow.runner.row_attention = False
     fast.runner.call_pairs = 4
+    monkeypatch.setattr(reach, "GATHER_PAIRS", 0)  # gathers priced low too
     assert fast.runner.row_attention
     plans = []
     forward = fast.runner.body.forward
@@ -284,9 +286,12 @@ def test_row_by_row_step_attention_equals_the_batched_masked_step(models, tokeni
     assert_same_decoding(fast, slow, requests, rng)
     rows = [groups for plan in plans if plan for per_row in plan.values() for groups in per_row]
     assert rows and any(len(groups) > 1 for groups in rows)  # rows split into groups
-    ranges = [r for groups in rows for *_, cover in groups for r in cover]
-    assert any(len(cover) == 2 for groups in rows for *_, cover in groups)  # groups over two ranges
-    assert any(first > 0 for first, _ in ranges) and len({end for _, end in ranges}) > 1
+    entries = [e for groups in rows for _, _, e, _ in groups]
+    assert any(isinstance(e, torch.Tensor) for e in entries)  # groups over two ranges, gathered
+    gathered = [e.tolist() for e in entries if isinstance(e, torch.Tensor)]
+    assert all(e == sorted(set(e)) and e[-1] - e[0] + 1 > len(e) for e in gathered)  # two ranges with a gap
+    ends = {e[1] if isinstance(e, tuple) else int(e[-1]) + 1 for e in entries}
+    assert len(ends) > 1  # groups read parts of their rows
 
 
 def test_prefix_store_keeps_the_most_recently_used():
