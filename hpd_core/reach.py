@@ -72,7 +72,7 @@ def _groups(ranges: list[Ranges], call_pairs: int) -> list[Group]:
             return ((cover[0][0], cover[1][1]),)
         return cover
 
-    def cost(cover: Ranges, n: int) -> int:
+    def cost(cover: Ranges, n: int) -> float:
         entries = sum(end - start for start, end in cover)
         return n * entries + call_pairs + (GATHER_PAIRS * entries if len(cover) == 2 else 0)
 
