@@ -108,6 +108,12 @@ class ModelRunner:
     def new_cache(self, rows: int, capacity: int) -> RowCache:
         return RowCache(rows, capacity, self.device)
 
+    def placeholder_mask(self, rows: int, device):
+        """What the layers get as their attention masks where the engine's attention builds none
+        from them (causal forwards, row-by-row steps): one (rows, 1, 1, 1) zero tensor per layer rule."""
+        unused = torch.zeros((rows, 1, 1, 1), dtype=self.dtype, device=device)
+        return masks.for_layers(self.windows, lambda window: unused)
+
     def mask(self, rule, fold: bool = False):
         """The model's attention mask(s) from ``rule(window) -> (B, Q, K) bool``, one per layer rule;
         ``fold``: additive masks folded for grouped-query attention (``attention.fold_mask``)."""
@@ -155,8 +161,7 @@ class ModelRunner:
             # the queries at their own index in a (b, end) grid: SDPA's causal rule is the rule of
             # full layers; sliding layers read, per block of queries, only the entries its window
             # can reach, through the rule's mask over that band
-            unused = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device)
-            mask = masks.for_layers(self.windows, lambda window: unused)
+            mask = self.placeholder_mask(b, rows.device)
             kwargs = {"unpack": (group, index), "causal_width": end}
             if rows.device.type == "cpu":  # each row's run of queries, for attention.causal_matmul (once per forward)
                 kwargs["runs"] = row_runs(group, index, b)
@@ -173,11 +178,11 @@ class ModelRunner:
             by_row = packed and self.row_attention and A >= self.row_min_queries
             rule = lambda window: masks.allowed(*keys, grid_pos, grid_gen, own, window)  # noqa: E731
             if by_row:  # each row's groups of real queries, the entries they read and their masks, per window
-                row_counts = counts.tolist()
-                plan = {window: group_reads(allowed, row_plan(allowed, row_counts, self.call_pairs), self.dtype, self.groups)
-                        for window in set(self.layer_window) for allowed in (rule(window),)}  # fmt: skip
-                placeholder = torch.zeros((b, 1, 1, 1), dtype=self.dtype, device=rows.device)  # the groups carry the masks
-                mask = masks.for_layers(self.windows, lambda window: placeholder)
+                row_counts, plan = counts.tolist(), {}
+                for window in set(self.layer_window):
+                    allowed = rule(window)
+                    plan[window] = group_reads(allowed, row_plan(allowed, row_counts, self.call_pairs), self.dtype, self.groups)
+                mask = self.placeholder_mask(b, rows.device)  # the groups carry their own masks
                 cache_rows = read_rows.tolist() if read_rows is not None else range(b)  # K/V: every row, not gathered
                 kwargs = {"row_queries": list(zip(starts.tolist(), row_counts, cache_rows)), "row_plan": plan,
                           "layer_windows": self.layer_window}  # fmt: skip
