@@ -290,7 +290,7 @@ class ModelRunner:
             if best is None:
                 best, index = value, at
             else:
-                better = value > best
+                better = (value > best) | (value.isnan() & ~best.isnan())  # NaN wins, as in argmax
                 best, index = torch.where(better, value, best), torch.where(better, at + start, index)
         return index
 
@@ -298,8 +298,8 @@ class ModelRunner:
         """The tokens ``sampling.select`` picks when query i may only choose among ``allowed[i]``
         (ascending, not empty). Greedy decoding with a plain linear LM head computes the head's rows
         of the tokens some query may take (one matrix product over their union), and each query
-        takes the first of its highest as ``argmax`` of the masked logits would; otherwise the full
-        logits are masked."""
+        takes the first of its highest as ``argmax`` of the masked logits would (a NaN logit counting as
+        the highest, as there); otherwise the full logits are masked."""
         counts = [len(a) for a in allowed]
         dev = hidden.device
         flat = torch.tensor([t for a in allowed for t in a], dtype=torch.long, device=dev)
@@ -314,6 +314,9 @@ class ModelRunner:
         logits = torch.nn.functional.linear(hidden, self.head.weight[union], bias)[query, column].float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
+        # NaN counts as the highest, as argmax takes it (a model that overflowed): equal to the
+        # masked argmax, and never a query left without a token
+        logits = torch.where(logits.isnan(), float("inf"), logits)
         best = torch.full((len(allowed),), float("-inf"), device=dev).scatter_reduce(0, query, logits, "amax")
         at = torch.arange(flat.numel(), device=dev)
         first = torch.full((len(allowed),), flat.numel(), device=dev).scatter_reduce(

@@ -473,7 +473,7 @@ def test_each_prompt_is_reported_once_as_it_finishes(models, tokenizer, decoder_
 def test_greedy_next_tokens_over_vocabulary_slices_equal_argmax(models, tokenizer, arch, chunk, softcap):
     """ModelRunner.next_tokens (greedy, the LM head over slices of the vocabulary, running maximum)
     == argmax over the whole logits, ties included (the first maximum wins), with and without soft
-    capping (a small cap saturates tanh: many ties)."""
+    capping (a small cap saturates tanh: many ties), NaN logits in a later slice included."""
     from hpd_core.runner import ModelRunner
 
     runner = ModelRunner(models[arch], tokenizer)
@@ -485,6 +485,8 @@ def test_greedy_next_tokens_over_vocabulary_slices_equal_argmax(models, tokenize
         weight = runner.head.weight.clone()
         try:
             runner.head.weight[300:350] = runner.head.weight[100:150]  # duplicate rows: exact ties across slices
+            runner.head.weight[380, 0] = float("inf")  # token 380: +-inf, and NaN (0 x inf) for queries 30+,
+            hidden[30:, 0] = 0.0  # which argmax takes as their highest (a model that overflowed)
             logits = runner.logits(hidden)
             expected = logits.argmax(-1)
             got = runner.next_tokens(hidden, DecodeConfig(), None)
@@ -493,6 +495,41 @@ def test_greedy_next_tokens_over_vocabulary_slices_equal_argmax(models, tokenize
     assert torch.equal(got, expected)
     ties = (logits == logits.max(-1, keepdim=True).values).sum(-1) > 1
     assert ties.any()  # there were ties to break
+    assert (got[30:] == 380).all()  # NaN, in a later slice than the first where chunk < 380
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("softcap", [None, 0.5])
+def test_allowed_tokens_equal_argmax_of_the_masked_logits(models, tokenizer, arch, softcap):
+    """ModelRunner.allowed_tokens (greedy: the head's rows of the allowed tokens only) == argmax of
+    the whole logits with every other token masked, ties included (a small cap saturates tanh),
+    and with NaN logits (a model that overflowed), which argmax takes as the highest: one query's
+    logits all NaN, one with a NaN among finite ones."""
+    from hpd_core.runner import ModelRunner
+
+    runner = ModelRunner(models[arch], tokenizer)
+    runner.softcap = softcap
+    rng = random.Random(4)
+    torch.manual_seed(4)
+    vocab = runner.head.weight.shape[0]
+    hidden = torch.randn(12, runner.head.weight.shape[1]) * 3
+    allowed = [sorted(rng.sample(range(vocab), rng.randint(1, 40))) for _ in range(12)]
+    with torch.no_grad():
+        weight = runner.head.weight.clone()
+        try:
+            runner.head.weight[allowed[3][-1]] = runner.head.weight[allowed[3][0]]  # a tie
+            runner.head.weight[allowed[7]] = float("nan")  # query 7: every allowed logit NaN
+            runner.head.weight[allowed[9][len(allowed[9]) // 2]] = float("nan")  # query 9: one NaN
+            logits = runner.logits(hidden)
+            masked = torch.full_like(logits, float("-inf"))
+            for i, a in enumerate(allowed):
+                masked[i, a] = logits[i, a]
+            expected = masked.argmax(-1)
+            got = runner.allowed_tokens(hidden, allowed, DecodeConfig(), None)
+        finally:
+            runner.head.weight.copy_(weight)
+    assert torch.equal(got, expected)
+    assert got[7].item() == allowed[7][0] and got[9].item() == allowed[9][len(allowed[9]) // 2]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral-swa"])
