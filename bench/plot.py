@@ -225,11 +225,13 @@ def _batch(report: dict) -> str:
 def _compiled(report: dict) -> str:
     """The decoding line's ", layers' MLPs, norms and rotary embeddings compiled" where
     ``compile_layers`` compiled them (hpd_core/compiled.py), or "" (eager, or a report from before
-    the option)."""
+    the option). Reports before the ``compiled`` entry were written when "auto" compiled on CUDA only."""
     model = report.get("model", {})
     mode, device, body = report["decode"].get("compile_layers"), str(model.get("device", "")), model.get("body_matmul_parameters", 0)
-    compiled = mode is not None and DecodeConfig(compile_layers=mode).compiles(device, body)
-    return ", layers' MLPs, norms and rotary embeddings compiled" if compiled else ""
+    compiled = report["decode"].get("compiled", mode is not None and DecodeConfig(compile_layers=mode).compiles(device, body))
+    if not compiled:
+        return ""
+    return ", layers' element-wise work compiled" if device == "cpu" else ", layers' MLPs, norms and rotary embeddings compiled"
 
 
 def _graphs(report: dict) -> str:

@@ -94,7 +94,7 @@ class AutoregressiveDecoder(BatchedDecoder):
         super().__init__(model, tokenizer, config, model_name)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention,
-                                  compile_layers=config.compiles(self.device, body_parameters(model)))
+                                  compile_layers=config.compiles(self.device, body_parameters(model), model.dtype))
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.span_decoding(self.device) else None
         self._texts: tuple[str, ...] | None = None  # token_texts, held here: len(tokenizer) is slow

@@ -12,9 +12,10 @@ Measured (``scripts/compile_ab.py``, HPD's timed run eager against compiled, alt
 process): on an H200 at 512 long products (Qwen3-8B's shape, random bf16 weights, packed steps,
 session 34) compiled 18.35-20.29 s against eager 20.90-21.77 s, median 1.17x, the values of all
 128 prompts identical; on the 2-core AMD EPYC CPU (session 33) within the noise, with 4 of 16
-prompts' bf16 values changed (slower in session 36). The small default model lost on a GPU in a
-job of 491 products (session 35: 5.08 s busy decoding against 3.18 s). So ``"auto"`` compiles on
-CUDA only, for models of at least ``config.COMPILE_MIN_BODY_PARAMETERS`` body parameters.
+prompts' bf16 values changed (slower in session 36), until the CPU's own pieces below. The small
+default model lost on a GPU in a job of 491 products (session 35: 5.08 s busy decoding against
+3.18 s). So ``"auto"`` compiles on CUDA for models of at least
+``config.COMPILE_MIN_BODY_PARAMETERS`` body parameters, and on a CPU in bfloat16 (``for_cpu``).
 
 ``CompiledLayers`` compiles each piece's forward once (``dynamic=True``: one graph for every token
 count) and hands it every input as (tokens, features): the pieces work token by token, and the
@@ -33,11 +34,27 @@ attention meanwhile would get the compiled one: the same arithmetic, fused). Whi
 compiled kernel's first launch may tune itself by running, which a capture would record. If
 compiling fails (no compiler for the device, an operator the compiler does not take), the failure is
 logged once and the pieces run eagerly for good: the same arithmetic, unfused.
+
+**On a CPU** (``for_cpu``) the pieces are the element-wise work alone, and only from
+``CPU_MIN_TOKENS`` tokens a call. A gated MLP's projections stay eager (the compiler hands them to
+the same matrix products) and only its activation and product are compiled, with the tanh GELU
+(Gemma's) written as ``x * sigmoid(2u)``, which is ``0.5 x (1 + tanh(u))``: a CPU's vectorised
+``tanh`` is several times slower than its ``sigmoid`` (on the 2-core AMD EPYC sandbox, 780 x 2,048
+in bf16: eager GELU and product 2.2 ms, compiled through ``tanh`` 2.0 ms, through ``sigmoid``
+0.74 ms). Below ``CPU_MIN_TOKENS`` a compiled call's own cost outweighs what it saves (a norm over
+16 tokens: 0.039 ms compiled, 0.022 eager). The kernels round where eager rounds
+(``emulate_precision_casts``): the activation is rounded to the model's dtype before its product,
+as in eager bf16, so fewer values move. Measured on that sandbox (session 44, the README's 96
+titles, one thread, ``scripts/compile_ab.py``: HPD's timed run alternating in one process, five
+runs each): prefills 0.655-0.664 ms a token against 0.700-0.731 eager, whole runs 8.94-9.15 s
+against 9.45-9.86 s, 10 of 16 prompts' bf16 values identical (docs/benchmarks.md); float32 keeps
+the eager pieces (``DecodeConfig.compiles``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from contextlib import contextmanager
 from typing import Iterator
@@ -74,19 +91,68 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-class CompiledLayers:
-    """The model's layer pieces (``layer_pieces``) with compiled forwards, switched on by ``active``."""
+CPU_MIN_TOKENS = 64  # on a CPU, calls over fewer tokens run the eager pieces (see the module's docstring)
+_C = math.sqrt(2.0 / math.pi)
 
-    def __init__(self, body, backend="inductor"):
+
+def gelu_tanh_product(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` with the GELU as ``x * sigmoid(2u)``, u = sqrt(2/pi)
+    (x + 0.044715 x^3): the same function, computed in float32 and rounded to ``gate``'s dtype before
+    the product, as eager does."""
+    x = gate.float()
+    act = x * torch.sigmoid(x * (2 * _C + (2 * _C * 0.044715) * x * x))
+    return act.to(gate.dtype) * up
+
+
+def gelu_tanh_mlp(module) -> bool:
+    """Whether ``module`` is a gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, whose
+    activation is the tanh GELU (Gemma's ``gelu_pytorch_tanh``)."""
+    from transformers.activations import GELUTanh, PytorchGELUTanh
+
+    parts = ("gate_proj", "up_proj", "down_proj")
+    return all(isinstance(getattr(module, p, None), torch.nn.Linear) for p in parts) and isinstance(
+        getattr(module, "act_fn", None), (GELUTanh, PytorchGELUTanh))  # fmt: skip
+
+
+class CompiledLayers:
+    """The model's layer pieces (``layer_pieces``) with compiled forwards, switched on by ``active``.
+
+    ``min_tokens``: calls over fewer tokens run the eager pieces. ``gelu_products``: a tanh-GELU
+    gated MLP (``gelu_tanh_mlp``) keeps its projections eager and compiles ``gelu_tanh_product``
+    between them, instead of compiling its whole forward. ``eager_rounding``: the kernels round
+    to 16 bits where eager does (inductor's ``emulate_precision_casts``), so fewer 16-bit values
+    move. ``for_cpu`` sets all three for a CPU."""
+
+    def __init__(self, body, backend="inductor", min_tokens: int = 0, gelu_products: bool = False,
+                 eager_rounding: bool = False):  # fmt: skip
         self.modules = layer_pieces(body)
         self.eager = [m.forward for m in self.modules]
         self.own = ["forward" in m.__dict__ for m in self.modules]  # an instance's own forward, put back
         self.failed = False  # compiling failed once: eager from then on
-        self.forwards = [self._guarded(torch.compile(f, dynamic=True, backend=backend), f) for f in self.eager]
+        self.min_tokens = min_tokens
+        options = {"emulate_precision_casts": True} if eager_rounding and backend == "inductor" else None
+        compile = lambda f: torch.compile(f, dynamic=True, backend=backend, options=options)  # noqa: E731
+        product = compile(gelu_tanh_product) if gelu_products else None
+        self.forwards = [
+            self._gelu_mlp(m, product) if product is not None and gelu_tanh_mlp(m) else self._guarded(compile(f), f)
+            for m, f in zip(self.modules, self.eager)
+        ]
         self.home = rotary_home(body)
         if self.home is not None:
             self.rotary_eager = self.home.apply_rotary_pos_emb
-            self.rotary = self._rotary(torch.compile(self.rotary_eager, dynamic=True, backend=backend), self.rotary_eager)
+            self.rotary = self._rotary(compile(self.rotary_eager), self.rotary_eager)
+
+    @classmethod
+    def for_cpu(cls, body, backend="inductor") -> "CompiledLayers":
+        return cls(body, backend, min_tokens=CPU_MIN_TOKENS, gelu_products=True, eager_rounding=True)
+
+    @classmethod
+    def for_device(cls, body, device) -> "CompiledLayers":
+        """The pieces a model on ``device`` compiles: on a CPU ``for_cpu``'s, else every piece whole."""
+        return cls.for_cpu(body) if torch.device(device).type == "cpu" else cls(body)
+
+    def _eager_now(self, tokens: int) -> bool:
+        return self.failed or _capturing() or tokens < self.min_tokens
 
     def _fail(self, error: Exception) -> None:
         self.failed = True
@@ -95,7 +161,7 @@ class CompiledLayers:
 
     def _guarded(self, compiled, eager):
         def forward(hidden, *args, **kwargs):
-            if self.failed or _capturing():
+            if self._eager_now(hidden.numel() // max(hidden.shape[-1], 1)):
                 return eager(hidden, *args, **kwargs)
             try:  # per-token pieces: every shape as (tokens, features), the one shape the compiler sees
                 out = compiled(hidden.reshape(-1, hidden.shape[-1]), *args, **kwargs)
@@ -106,10 +172,24 @@ class CompiledLayers:
 
         return forward
 
+    def _gelu_mlp(self, mlp, product):
+        def forward(hidden):
+            gate, up = mlp.gate_proj(hidden), mlp.up_proj(hidden)
+            tokens = gate.numel() // gate.shape[-1]
+            if not self._eager_now(tokens):
+                try:  # (tokens, features), as the other pieces
+                    inner = product(gate.reshape(tokens, -1), up.reshape(tokens, -1)).reshape(gate.shape)
+                    return mlp.down_proj(inner)
+                except torch._dynamo.exc.TorchDynamoException as error:
+                    self._fail(error)
+            return mlp.down_proj(mlp.act_fn(gate) * up)
+
+        return forward
+
     def _rotary(self, compiled, eager):
         def apply(q, k, cos, sin, unsqueeze_dim=1):
             shaped = q.dim() == 4 and unsqueeze_dim == 1 and cos.shape[:2] == (q.shape[0], q.shape[2])
-            if self.failed or _capturing() or not shaped:
+            if not shaped or self._eager_now(q.shape[0] * q.shape[2]):
                 return eager(q, k, cos, sin, unsqueeze_dim)
             # (rows, heads, queries, head_dim) as (tokens, heads, head_dim): a view of the layout
             # the projections wrote, (rows, queries, heads, head_dim); cos and sin as (tokens, head_dim)

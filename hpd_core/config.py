@@ -16,11 +16,12 @@ STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (Deco
 # feeds cost more than CUDA graphs save. The baseline (one token a row) was faster fixed at each size.
 PACKED_STEP_FLOPS = 3e13
 SPANS = ("auto", "on", "off")  # DecodeConfig.spans; auto: on where the model runs on a CPU
-COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA, large bodies (hpd_core/compiled.py)
+COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA, large bodies; on a CPU, bf16 (hpd_core/compiled.py)
 # "auto" compiles the layers' pieces on CUDA for models with at least this many body parameters
 # (runner.body_parameters). On an H200 Qwen3-8B's shape (7.0B) ran HPD 1.17x faster compiled (session
 # 34); the default model (0.1B), whose steps replay from CUDA graphs with eager pieces, spent 5.08 s
-# busy decoding the 491 OA-Mine test products compiled against 3.18 s eager (session 35).
+# busy decoding the 491 OA-Mine test products compiled against 3.18 s eager (session 35). On a CPU
+# "auto" compiles the element-wise pieces alone in bfloat16 (CompiledLayers.for_cpu, session 44).
 COMPILE_MIN_BODY_PARAMETERS = 1_000_000_000
 ATTENTION = ("sdpa", "flex_attention", "eager")
 DEFAULT_MODEL = "default"  # Gemma 3 270M base + the shipped HPD LoRA adapter, see models.py
@@ -70,12 +71,14 @@ class DecodeConfig:
         in 16-bit, rounding), not what is asked.
     compile_layers: each decoder layer's MLP, RMS norms and rotary embedding run through
         ``torch.compile`` in the engine's forwards (hpd_core/compiled.py): "on", "off", or "auto"
-        (on CUDA, for models of at least COMPILE_MIN_BODY_PARAMETERS body parameters). On an H200
-        HPD's timed run at 512 long products (Qwen3-8B's shape) ran 1.17x faster with the MLPs and
-        norms compiled, with the same values (session 34; the rotary embedding joined later); the
-        small default model's job of 491 products decoded slower compiled (session 35); on the
-        2-core CPU it was within the noise or slower. Compiling takes seconds once per process;
-        steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in 16-bit,
+        (on CUDA, for models of at least COMPILE_MIN_BODY_PARAMETERS body parameters; on a CPU, in
+        bfloat16: ``dtype`` a torch dtype or its name). On an H200 HPD's timed run at 512 long products (Qwen3-8B's shape) ran 1.17x
+        faster with the MLPs and norms compiled, with the same values (session 34; the rotary
+        embedding joined later); the small default model's job of 491 products decoded slower
+        compiled (session 35). On a CPU only the element-wise work is compiled, from 64 tokens a
+        call, the tanh GELU as x * sigmoid(2u) (``CompiledLayers.for_cpu``): HPD's prefills on the
+        2-core CPU 6-9% faster, its timed run 5% (session 44). Compiling takes seconds once per process; steps
+        recorded as CUDA graphs keep their eager pieces. It changes speed (and, in 16-bit,
         rounding), not what is asked.
     spans: span decoding (hpd_core/spans.py): every value is a span of its own product's text, a
         token that would leave it is never chosen, and the LM head is computed for the allowed
@@ -138,11 +141,14 @@ class DecodeConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def compiles(self, device, body_parameters: int) -> bool:
+    def compiles(self, device, body_parameters: int, dtype=None) -> bool:
         """Whether the layers' MLPs, norms and rotary embeddings of a model with this many body
-        parameters (``runner.body_parameters``) are compiled on ``device`` (see ``compile_layers``)."""
+        parameters (``runner.body_parameters``) in ``dtype`` are compiled on ``device`` (see
+        ``compile_layers``)."""
         if self.compile_layers == "auto":
-            return str(device).startswith("cuda") and body_parameters >= COMPILE_MIN_BODY_PARAMETERS
+            if str(device).startswith("cuda"):
+                return body_parameters >= COMPILE_MIN_BODY_PARAMETERS
+            return str(device) == "cpu" and str(dtype).removeprefix("torch.") == "bfloat16"  # float32 stays eager
         return self.compile_layers == "on"
 
     def span_decoding(self, device) -> bool:

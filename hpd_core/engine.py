@@ -51,7 +51,7 @@ class HPDDecoder(BatchedDecoder):
         require_token_boundary(tokenizer, config.skeleton)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention,
-                                  compile_layers=config.compiles(self.device, body_parameters(model)))
+                                  compile_layers=config.compiles(self.device, body_parameters(model), model.dtype))
         self.table = transition_table(tokenizer, self.runner.vocab_size).to(self.device)
         self.prefixes = PrefixStore(config.prefix_cache)
         self.spans = SpanVocabulary(tokenizer, self.runner.vocab_size) if config.span_decoding(self.device) else None

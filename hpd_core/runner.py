@@ -70,10 +70,11 @@ class ModelRunner:
         # the KV cache's keyword: transformers 5.2x names it `cache` and deprecates `past_key_values`
         # (to be removed in 5.40); earlier releases take only `past_key_values`
         self.cache_keyword = "cache" if "cache" in inspect.signature(type(self.body).forward).parameters else "past_key_values"
-        # the layers' MLPs, norms and rotary embeddings compiled within the engine's forwards (hpd_core/compiled.py)
-        self.compiled = CompiledLayers(self.body) if compile_layers else None
         self.head = model.get_output_embeddings()
         self.device = self.head.weight.device
+        # the layers' MLPs, norms and rotary embeddings compiled within the engine's forwards (hpd_core/compiled.py);
+        # on a CPU their element-wise work alone
+        self.compiled = CompiledLayers.for_device(self.body, self.device) if compile_layers else None
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.flex = getattr(self.body.config, "_attn_implementation", "sdpa") == "flex_attention"

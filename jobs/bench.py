@@ -109,8 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="both decoders' attention may use cuDNN's kernels on a GPU (default: off; the warm-up builds "
                    "the timed runs' plans, so this measures the kernels, not the plan builds)")
     d.add_argument("--compile-layers", choices=COMPILE_LAYERS, default=DecodeConfig.compile_layers,
-                   help="both decoders' layer MLPs, norms and rotary embeddings through torch.compile: on, off, auto (on CUDA only; the "
-                   "warm-up run compiles; default %(default)s)")
+                   help="both decoders' layer MLPs, norms and rotary embeddings through torch.compile: on, off, auto (on CUDA for "
+                   "models of 1B+ body parameters; on a CPU in bf16, the element-wise work alone; the warm-up run compiles; "
+                   "default %(default)s)")
     d.add_argument("--spans", nargs="?", const="on", default="auto", choices=SPANS,
                    help="both decoders decode values as spans of their product's text (records runs): on (also --spans "
                    "alone), off, auto (default: as `hpd extract`, on a CPU for records runs; off on CUDA and for synthetic runs)")
@@ -177,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
 
     models, tokenizer, model_info = load(args)
     report = report_header(args, model_info, decode_cfg, timing)
+    # whether the layers' pieces ran compiled (hpd_core/compiled.py): "auto" depends on device, size and dtype
+    report["decode"]["compiled"] = decode_cfg.compiles(args.device, model_info["body_matmul_parameters"], models["hpd"].dtype)
     with pass_counters(models) as counters:
         if args.sweep_docs:
             workloads = {J: build_workload(args, tokenizer, decode_cfg, J) for J in sorted(set(args.sweep_docs) | {1})}

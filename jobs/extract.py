@@ -65,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let attention use cuDNN's kernels on a GPU; off by default: cuDNN builds a plan for every new "
                         "attention shape and the engine's shapes change with every batch; changes speed (in bf16 also the rounding)")
     parser.add_argument("--compile-layers", choices=COMPILE_LAYERS,
-                        help="run each layer's MLP, norms and rotary embedding through torch.compile: on, off, auto (on a GPU only; compiling "
-                        "takes seconds once per actor); changes speed (in bf16 also the rounding) (default: auto)")
+                        help="run each layer's MLP, norms and rotary embedding through torch.compile: on, off, auto (on a GPU for models of "
+                        "1B+ body parameters; on a CPU in bf16, the element-wise work alone; compiling takes seconds once per "
+                        "actor); changes speed (in bf16 also the rounding) (default: auto)")
     parser.add_argument("--spans", nargs="?", const="on", default="auto", choices=SPANS,
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only): on (also --spans alone), off, or auto "

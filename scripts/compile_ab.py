@@ -4,8 +4,8 @@ Usage (the arguments are hpd bench's):
     python scripts/compile_ab.py bench --synthetic --random-arch qwen3-8b ... --repeats 1 --out DIR
 
 The question it answers: how much of HPD's time is element-wise work that a compiler fuses. Each
-decoder layer's MLP (gate and up projections, activation, product, down projection) and its RMS
-norms are the pieces compiled (``torch.compile(..., dynamic=True)``: one graph for every token
+decoder layer's MLP (gate and up projections, activation, product, down projection; on a CPU its
+activation and product alone) and its RMS norms are the pieces compiled (``torch.compile(..., dynamic=True)``: one graph for every token
 count); attention stays the engine's own (`hpd_core/attention.py`), whose indexing a compiler
 would break into pieces anyway. After the baseline's timed run (unchanged), HPD's timed run is
 repeated AB_RUNS times per variant (default 3), alternating eager and compiled, and each run's
@@ -25,6 +25,10 @@ Qwen3-8B's shape, packed HPD steps), 3 runs each: eager 20.90, 21.77, 21.75 s ag
 identical; hence ``DecodeConfig.compile_layers="auto"``: compiled on CUDA (for models of at least
 ``config.COMPILE_MIN_BODY_PARAMETERS``), eager on CPUs. Session 36, the same CPU, one thread, the
 README's 96 titles with --spans: eager 22.82-23.97 s against compiled 24.29-25.10 s after the first.
+Session 44, with the CPU's own pieces (``CompiledLayers.for_device``: the element-wise work alone, the
+GELU through sigmoid, calls of 64 tokens or more), which ``auto`` now compiles on a CPU in bf16:
+eager 9.45-9.86 s against compiled 8.94-9.15 s after the first, five runs each
+(``benchmarks/cpu-compile-ab-s44/``).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def install() -> None:
             return plain(name, decoder, workload, device, counter, timing)
         runner = decoder.runner
         own = runner.compiled  # what the decoder's config chose (compile_layers), put back after
-        pieces = own if own is not None else CompiledLayers(runner.body)
+        pieces = own if own is not None else CompiledLayers.for_device(runner.body, runner.device)
         runs: dict[str, list] = {"eager": [], "compiled": []}
         last = None
         for i in range(RUNS):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpd_core.autoregressive import AutoregressiveDecoder
-from hpd_core.compiled import CompiledLayers, layer_pieces, rotary_home
+from hpd_core.compiled import CPU_MIN_TOKENS, CompiledLayers, gelu_tanh_mlp, gelu_tanh_product, layer_pieces, rotary_home
 from hpd_core.config import DecodeConfig
 from hpd_core.decoders import make_decoder
 from hpd_core.reference import AutoregressiveReference, ReferenceDecoder
@@ -101,11 +101,13 @@ def test_the_engines_forwards_go_through_the_compiler(models, tokenizer):
     assert not any("scaled_dot_product_attention" in op for op in ops)
 
 
-def test_config_compiles_large_models_on_cuda_by_default():
+def test_config_compiles_large_models_on_cuda_and_bfloat16_on_a_cpu_by_default():
     from hpd_core.config import COMPILE_MIN_BODY_PARAMETERS as large
 
     auto = DecodeConfig()
     assert auto.compiles("cuda:0", large) and not auto.compiles("cuda", large - 1) and not auto.compiles("cpu", 10 * large)
+    assert auto.compiles("cpu", 1, torch.bfloat16) and auto.compiles("cpu", 1, "bfloat16")  # a report's dtype
+    assert not auto.compiles("cpu", large, torch.float32) and not auto.compiles("cuda", 1, torch.bfloat16)
     assert DecodeConfig(compile_layers="on").compiles("cpu", 0)
     assert not DecodeConfig(compile_layers="off").compiles("cuda", 10 * large)
     with pytest.raises(ValueError, match="compile_layers"):
@@ -148,3 +150,91 @@ def test_a_failed_compile_falls_back_to_eager(models, tokenizer, caplog):
     assert decoder.runner.compiled.failed
     assert sum("run eagerly" in r.getMessage() for r in caplog.records) == 1
     assert [r.extra["slot_tokens"] for r in results] == [r.extra["slot_tokens"] for r in eager]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gelu_product_through_sigmoid_is_the_tanh_gelus(dtype):
+    """gelu_tanh_product (x * sigmoid(2u)) == F.gelu(x, approximate="tanh") * up: within float32's
+    rounding in float32; in bfloat16, where both round the activation before the product, at most
+    one unit in the last place of the activation apart, and seldom that."""
+    torch.manual_seed(5)
+    gate = (torch.randn(300, 64, dtype=torch.float64) * 2).to(dtype)  # about the default model's spread
+    gate[0, :6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-3, -12.0])
+    up = torch.randn(300, 64, dtype=torch.float64).to(dtype)
+    expected = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    got = gelu_tanh_product(gate, up)
+    assert got.dtype == dtype
+    if dtype == torch.float32:  # eager's 1 + tanh(u) cancels for large negative x: an absolute floor
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        exact = (gate.double() * torch.sigmoid(2 * 0.7978845608028654 * (gate.double() + 0.044715 * gate.double() ** 3))) * up.double()
+        torch.testing.assert_close(got.double(), exact, rtol=2e-5, atol=1e-9)  # the function, even where eager cancels
+        return
+    act, g, u = torch.nn.functional.gelu(gate, approximate="tanh").float(), gate.float(), up.float()
+    # an activation one bf16 unit (2^-8 relative, at most 2^-7) apart, the product's own rounding,
+    # and eager's cancellation in 1 + tanh(u) for negative x (float32's unit near 1, times |x|)
+    bound = 2.0**-7 * (act.abs() * u.abs() + expected.float().abs()) + 6e-8 * g.abs() * u.abs()
+    assert ((got.float() - expected.float()).abs() <= bound).all()
+    assert (got != expected).float().mean() < 0.05
+
+
+def test_cpu_pieces_compile_the_element_wise_work_alone(models, tokenizer):
+    """CompiledLayers.for_cpu: a tanh-GELU MLP (Gemma's) compiles its activation and product alone,
+    through sigmoid, and its projections stay eager; a SiLU MLP compiles whole; calls over fewer
+    than CPU_MIN_TOKENS tokens compile nothing."""
+    graphs = []
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def ops(gs):
+        return {str(node.target) for g in gs for node in g.graph.nodes if node.op == "call_function"}
+
+    gemma = models["gemma3"].get_decoder()
+    assert gelu_tanh_mlp(gemma.layers[0].mlp) and not gelu_tanh_mlp(models["qwen3"].get_decoder().layers[0].mlp)
+    torch._dynamo.reset()
+    decoder = make_decoder("hpd", models["gemma3"], tokenizer, DecodeConfig(max_value_tokens=6))
+    assert decoder.runner.compiled is None  # float32 on a CPU: eager unless asked
+    compiled = decoder.runner.compiled = CompiledLayers.for_cpu(decoder.runner.body, backend=recording_backend)
+    layer, hidden = gemma.layers[0], gemma.config.hidden_size
+    with torch.no_grad(), compiled.active():
+        for rows, tokens in ((1, CPU_MIN_TOKENS - 1), (CPU_MIN_TOKENS - 1, 1), (3, (CPU_MIN_TOKENS - 1) // 3)):
+            x = torch.randn(rows, tokens, hidden)
+            torch.testing.assert_close(layer.mlp(x), layer.mlp.down_proj(layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)))
+            layer.input_layernorm(x)
+        assert graphs == []  # fewer than CPU_MIN_TOKENS tokens a call: eager
+        layer.mlp(torch.randn(1, CPU_MIN_TOKENS, hidden))
+        assert len(graphs) == 1
+    graphs.clear()
+    many = [random_request(random.Random(71 + i), 3, 4, title_words=12) for i in range(3)]
+    decoder.decode(many)
+    assert graphs, "nothing compiled"
+    found = ops(graphs)
+    assert any("sigmoid" in op for op in found) and any("rsqrt" in op for op in found)
+    assert not any("tanh" in op or "gelu" in op or "linear" in op or "mm" in op.split(".")[-1] for op in found)
+    graphs.clear()
+    torch._dynamo.reset()
+    qwen = make_decoder("hpd", models["qwen3"], tokenizer, DecodeConfig(max_value_tokens=6))
+    qwen.runner.compiled = CompiledLayers.for_cpu(qwen.runner.body, backend=recording_backend)
+    qwen.decode(many)
+    assert any("silu" in op for op in ops(graphs)) and any("linear" in op for op in ops(graphs))
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+def test_cpu_pieces_decode_as_the_oracle(models, tokenizer, arch):
+    """The CPU's compiled pieces (inductor, every call compiled: min_tokens 0), float32: HPD == its
+    oracle token for token or parting at a float32 tie, and the baseline likewise."""
+    model = models[arch]
+    requests = [random_request(random.Random(80 + i), 3, 3) for i in range(2)]
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=2)
+    hpd = make_decoder("hpd", model, tokenizer, config)
+    hpd.runner.compiled = CompiledLayers(hpd.runner.body, min_tokens=0, gelu_products=True)
+    reference = ReferenceDecoder(model, tokenizer, config)
+    for request, a, b in zip(requests, hpd.decode(requests), reference.decode(requests)):
+        slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
+    assert not hpd.runner.compiled.failed
+    ar = AutoregressiveDecoder(model, tokenizer, config)
+    ar.runner.compiled = CompiledLayers(ar.runner.body, min_tokens=0, gelu_products=True)
+    ar_reference = AutoregressiveReference(model, tokenizer, config)
+    for request, a, b in zip(requests, ar.decode(requests), ar_reference.decode(requests)):
+        parts_at_a_tie(model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
