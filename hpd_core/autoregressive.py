@@ -209,7 +209,7 @@ class ARSession(Session):
         self.fed[rows_t] = 0
         for row, item in zip(rows, items):
             self.append_at[row] = len(self.prompts[item].ids)
-        tokens = self.choose(torch.cat(hidden), items, [0] * len(items))
+        tokens = self.choose(self.decoder.runner.finite(torch.cat(hidden)), items, [0] * len(items))
         self.last[rows_t] = tokens
         for item, token in zip(items, tokens.tolist()):
             self.read(item, token)

@@ -182,7 +182,7 @@ class HPDSession(Session):
         r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
         s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
         k = torch.zeros_like(r)
-        new = self.choose(torch.cat(hidden), r, s, k)  # token 1 of every slot
+        new = self.choose(self.decoder.runner.finite(torch.cat(hidden)), r, s, k)  # token 1 of every slot
         self.state[rows_t] = DONE
         self.n_gen[rows_t] = 0
         self.active[rows_t] = False

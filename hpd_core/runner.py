@@ -214,6 +214,16 @@ class ModelRunner:
             return out[0]
         return out.reshape(b * A, -1) if place is None else out.reshape(b * A, -1)[place]
 
+    def finite(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden``, checked to hold no NaN or infinity (one host-device synchronisation, so at
+        each prompt's start, not every step): a model that overflows in its dtype (Gemma 3 in
+        float16 does, at once) would otherwise write noise as values. Raises FloatingPointError."""
+        if not bool(torch.isfinite(hidden).all()):
+            raise FloatingPointError(
+                f"the model's activations overflowed in {str(self.dtype).removeprefix('torch.')}: its hidden states hold NaN "
+                "or infinity, so its tokens would be noise; run it in bfloat16 or float32 (--dtype)")  # fmt: skip
+        return hidden
+
     def passed(self, kind: str, tokens: int, rows: int) -> None:
         """Count one forward pass (and tell the listeners, e.g. `hpd bench`'s counters); a step
         replayed from a CUDA graph (hpd_core/graphs.py) is counted here too, as the pass it repeats.

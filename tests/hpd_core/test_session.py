@@ -532,6 +532,25 @@ def test_allowed_tokens_equal_argmax_of_the_masked_logits(models, tokenizer, arc
     assert got[7].item() == allowed[7][0] and got[9].item() == allowed[9][len(allowed[9]) // 2]
 
 
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_a_model_that_overflows_fails_clearly(models, tokenizer, decoder_name):
+    """Hidden states with NaN or infinity (Gemma 3 in float16 overflows at once) stop decoding with
+    a FloatingPointError that names the dtype and the way out, instead of writing noise as values."""
+    model = models["gemma3"]
+    norm = model.get_decoder().norm  # the final norm: every hidden state the head reads
+    decoder = make_decoder(decoder_name, model, tokenizer, DecodeConfig(max_value_tokens=4))
+    requests = [random_request(random.Random(90), 2, 2)]
+    decoder.decode(requests)  # finite: decodes
+    with torch.no_grad():
+        saved = norm.weight.clone()
+        try:
+            norm.weight[3] = float("inf")
+            with pytest.raises(FloatingPointError, match="overflowed in float32.*NaN or infinity.*--dtype"):
+                decoder.decode(requests)
+        finally:
+            norm.weight.copy_(saved)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral-swa"])
 @pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
 def test_prefill_in_forwards_of_few_tokens_equals_one_forward(models, tokenizer, arch, decoder_name):
