@@ -16,7 +16,8 @@ STEP_SHAPES = ("auto", "packed", "fixed")  # how decode steps are laid out (Deco
 # feeds cost more than CUDA graphs save. The baseline (one token a row) was faster fixed at each size.
 PACKED_STEP_FLOPS = 3e13
 SPANS = ("auto", "on", "off")  # DecodeConfig.spans; auto: on where the model runs on a CPU
-COMPILE_LAYERS = ("auto", "on", "off")  # DecodeConfig.compile_layers; auto: on CUDA, large bodies; on a CPU, bf16 (hpd_core/compiled.py)
+# DecodeConfig.compile_layers; auto: on CUDA for large bodies, on a CPU in bf16 (hpd_core/compiled.py)
+COMPILE_LAYERS = ("auto", "on", "off")
 # "auto" compiles the layers' pieces on CUDA for models with at least this many body parameters
 # (runner.body_parameters). On an H200 Qwen3-8B's shape (7.0B) ran HPD 1.17x faster compiled (session
 # 34); the default model (0.1B), whose steps replay from CUDA graphs with eager pieces, spent 5.08 s
@@ -72,14 +73,14 @@ class DecodeConfig:
     compile_layers: each decoder layer's MLP, RMS norms and rotary embedding run through
         ``torch.compile`` in the engine's forwards (hpd_core/compiled.py): "on", "off", or "auto"
         (on CUDA, for models of at least COMPILE_MIN_BODY_PARAMETERS body parameters; on a CPU, in
-        bfloat16: ``dtype`` a torch dtype or its name). On an H200 HPD's timed run at 512 long products (Qwen3-8B's shape) ran 1.17x
+        bfloat16). On an H200 HPD's timed run at 512 long products (Qwen3-8B's shape) ran 1.17x
         faster with the MLPs and norms compiled, with the same values (session 34; the rotary
         embedding joined later); the small default model's job of 491 products decoded slower
         compiled (session 35). On a CPU only the element-wise work is compiled, from 64 tokens a
         call, the tanh GELU as x * sigmoid(2u) (``CompiledLayers.for_cpu``): HPD's prefills on the
-        2-core CPU 6-9% faster, its timed run 5% (session 44). Compiling takes seconds once per process; steps
-        recorded as CUDA graphs keep their eager pieces. It changes speed (and, in 16-bit,
-        rounding), not what is asked.
+        2-core CPU 6-9% faster, its timed run 5% (session 44). Compiling takes seconds once per
+        process; steps recorded as CUDA graphs keep their eager pieces. It changes speed (and, in
+        16-bit, rounding), not what is asked.
     spans: span decoding (hpd_core/spans.py): every value is a span of its own product's text, a
         token that would leave it is never chosen, and the LM head is computed for the allowed
         tokens only (HPD, the baseline, the reference). "on", "off" (the engine's default: decode
@@ -143,8 +144,8 @@ class DecodeConfig:
 
     def compiles(self, device, body_parameters: int, dtype=None) -> bool:
         """Whether the layers' MLPs, norms and rotary embeddings of a model with this many body
-        parameters (``runner.body_parameters``) in ``dtype`` are compiled on ``device`` (see
-        ``compile_layers``)."""
+        parameters (``runner.body_parameters``) in ``dtype`` (a torch dtype or its name) are
+        compiled on ``device`` (see ``compile_layers``)."""
         if self.compile_layers == "auto":
             if str(device).startswith("cuda"):
                 return body_parameters >= COMPILE_MIN_BODY_PARAMETERS

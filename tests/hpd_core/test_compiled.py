@@ -166,7 +166,8 @@ def test_the_gelu_product_through_sigmoid_is_the_tanh_gelus(dtype):
     assert got.dtype == dtype
     if dtype == torch.float32:  # eager's 1 + tanh(u) cancels for large negative x: an absolute floor
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
-        exact = (gate.double() * torch.sigmoid(2 * 0.7978845608028654 * (gate.double() + 0.044715 * gate.double() ** 3))) * up.double()
+        x = gate.double()
+        exact = x * torch.sigmoid(2 * 0.7978845608028654 * (x + 0.044715 * x**3)) * up.double()
         torch.testing.assert_close(got.double(), exact, rtol=2e-5, atol=1e-9)  # the function, even where eager cancels
         return
     act, g, u = torch.nn.functional.gelu(gate, approximate="tanh").float(), gate.float(), up.float()
@@ -200,7 +201,8 @@ def test_cpu_pieces_compile_the_element_wise_work_alone(models, tokenizer):
     with torch.no_grad(), compiled.active():
         for rows, tokens in ((1, CPU_MIN_TOKENS - 1), (CPU_MIN_TOKENS - 1, 1), (3, (CPU_MIN_TOKENS - 1) // 3)):
             x = torch.randn(rows, tokens, hidden)
-            torch.testing.assert_close(layer.mlp(x), layer.mlp.down_proj(layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)))
+            mlp = layer.mlp
+            torch.testing.assert_close(mlp(x), mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)))
             layer.input_layernorm(x)
         assert graphs == []  # fewer than CPU_MIN_TOKENS tokens a call: eager
         layer.mlp(torch.randn(1, CPU_MIN_TOKENS, hidden))
