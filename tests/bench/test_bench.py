@@ -159,6 +159,21 @@ def test_report_names_cuda_graphs_from_the_recorded_captures():
     assert _graphs(sweep) == " (CUDA graphs: 3 captured, 2 failed)"
 
 
+def test_report_names_the_compiled_pieces_that_ran():
+    """bench.md's decoding line follows the report's ``compiled`` entry (what ran: "auto" depends on
+    device, size and dtype); a report from before it was written when "auto" compiled on CUDA only."""
+    from bench.plot import _compiled
+
+    def report(device, body, mode="auto", **decode):
+        return {"model": {"device": device, "body_matmul_parameters": body}, "decode": {"compile_layers": mode, **decode}}
+
+    assert _compiled(report("cpu", 10**8, compiled=True)) == ", layers' element-wise work compiled"
+    assert _compiled(report("cpu", 10**8, compiled=False)) == ""
+    assert _compiled(report("cpu", 10**8)) == ""  # before the entry: auto never compiled on a CPU
+    assert _compiled(report("cuda", 7 * 10**9)) == ", layers' MLPs, norms and rotary embeddings compiled"
+    assert _compiled(report("cuda", 7 * 10**9, compiled=False)) == ""
+
+
 # --- the command ------------------------------------------------------------------------------
 
 
@@ -170,6 +185,7 @@ def test_bench_synthetic_end_to_end(capsys, tmp_path, tokenizer_dir):
     ])  # fmt: skip
     report = json.loads((out / "bench.json").read_text())
     assert (out / "bench.md").read_text().startswith("# hpd bench")
+    assert report["decode"]["compiled"] == (report["model"]["dtype"] == "bfloat16")  # auto on a CPU: bf16 only
     assert summary["speedup"] == pytest.approx(summary["hpd"]["products_per_s"] / summary["ar"]["products_per_s"])
     assert report["speedup"] == pytest.approx(summary["speedup"])
     for name in ("ar", "hpd"):
