@@ -214,6 +214,9 @@ def test_cpu_pieces_compile_the_element_wise_work_alone(models, tokenizer):
     found = ops(graphs)
     assert any("sigmoid" in op for op in found) and any("rsqrt" in op for op in found)
     assert not any("tanh" in op or "gelu" in op or "linear" in op or "mm" in op.split(".")[-1] for op in found)
+    first = len(graphs)  # batches of other shapes (rows, products, title lengths) compile nothing new
+    decoder.decode([random_request(random.Random(75 + i), 2 + i, 3, title_words=20) for i in range(4)])
+    assert len(graphs) == first, f"{len(graphs) - first} graphs compiled after the first requests"
     graphs.clear()
     torch._dynamo.reset()
     qwen = make_decoder("hpd", models["qwen3"], tokenizer, DecodeConfig(max_value_tokens=6))
