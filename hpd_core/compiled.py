@@ -131,16 +131,16 @@ class CompiledLayers:
         self.failed = False  # compiling failed once: eager from then on
         self.min_tokens = min_tokens
         options = {"emulate_precision_casts": True} if eager_rounding and backend == "inductor" else None
-        compile = lambda f: torch.compile(f, dynamic=True, backend=backend, options=options)  # noqa: E731
-        product = compile(gelu_tanh_product) if gelu_products else None
+        compile_piece = lambda f: torch.compile(f, dynamic=True, backend=backend, options=options)  # noqa: E731
+        product = compile_piece(gelu_tanh_product) if gelu_products else None
         self.forwards = [
-            self._gelu_mlp(m, product) if product is not None and gelu_tanh_mlp(m) else self._guarded(compile(f), f)
+            self._gelu_mlp(m, product) if product is not None and gelu_tanh_mlp(m) else self._guarded(compile_piece(f), f)
             for m, f in zip(self.modules, self.eager)
         ]
         self.home = rotary_home(body)
         if self.home is not None:
             self.rotary_eager = self.home.apply_rotary_pos_emb
-            self.rotary = self._rotary(compile(self.rotary_eager), self.rotary_eager)
+            self.rotary = self._rotary(compile_piece(self.rotary_eager), self.rotary_eager)
 
     @classmethod
     def for_cpu(cls, body, backend="inductor") -> "CompiledLayers":
