@@ -68,6 +68,7 @@ class BatchedDecoder:
     """
 
     name = ""
+    runner = None  # the engine's decoders' ModelRunner (the oracles run the model without one)
 
     def __init__(self, model, tokenizer, config, model_name: str = ""):
         self.model = model
@@ -80,6 +81,12 @@ class BatchedDecoder:
         self.special = set(tokenizer.all_special_ids)
         self.parser = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-parse")  # results, beside the model
         self.on_prompt_done: Callable[[Request], None] | None = None  # progress: each request as it finishes
+
+    def layers_compiled(self) -> bool:
+        """Whether this decoder's forwards run the layers' compiled pieces (hpd_core/compiled.py):
+        chosen by ``DecodeConfig.compiles`` and not fallen back to eager after a failure."""
+        compiled = self.runner.compiled if self.runner is not None else None
+        return compiled is not None and not compiled.failed
 
     def session_done(self, requests: list[Request]) -> Callable[[int], None] | None:
         """A session's ``on_done`` that tells ``on_prompt_done`` which request finished."""

@@ -349,6 +349,8 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
              len(shards), len(state.manifests), sizing.actors, sizing.device)
+    rows = sum(min(idx.rows, shard.max_rows or idx.rows) for shard, idx in todo)  # at most; less when resumed
+    extract = extract.sized_for(rows / sizing.actors)
     attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
     heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
     counter = ProgressCounter.remote()

@@ -75,6 +75,7 @@ class Stats:
     actors: set = field(default_factory=set)
     dtypes: set = field(default_factory=set)  # what the models ran in (--dtype auto resolved per actor)
     spans: set = field(default_factory=set)  # whether they decoded spans (--spans auto resolved per actor)
+    compiled: set = field(default_factory=set)  # whether their layers ran compiled (--compile-layers resolved per actor)
 
     def add(self, chunk: dict) -> None:
         for name in COUNTERS:
@@ -88,6 +89,8 @@ class Stats:
             self.dtypes.add(chunk["dtype"])
         if chunk.get("spans") is not None:
             self.spans.add("on" if chunk["spans"] else "off")
+        if chunk.get("compiled") is not None:
+            self.compiled.add("on" if chunk["compiled"] else "off")
 
     def merged(self, other: Stats) -> Stats:
         return Stats(
@@ -98,6 +101,7 @@ class Stats:
             self.actors | other.actors,
             self.dtypes | other.dtypes,
             self.spans | other.spans,
+            self.compiled | other.compiled,
         )
 
 
@@ -149,6 +153,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["extract_actor_processes"] = len(total.actors)
     report["dtype"] = "+".join(sorted(total.dtypes)) or None  # None: no model ran (dry run, no products)
     report["spans"] = "+".join(sorted(total.spans)) or None  # span decoding that ran: on, off (or on+off); None: none ran
+    report["compiled"] = "+".join(sorted(total.compiled)) or None  # the layers' compiled pieces: likewise
     report["this_run"] = run
     return report
 
@@ -167,7 +172,8 @@ def render_markdown(report: dict) -> str:
         + (f" + adapter `{report['adapter']}`  " if report.get("adapter") else "  ")
         + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}"
         + (f"  dtype: {report['dtype']}" if report.get("dtype") else "")
-        + (f"  spans: {report['spans']}" if report.get("spans") else ""),
+        + (f"  spans: {report['spans']}" if report.get("spans") else "")
+        + (f"  compiled layers: {report['compiled']}" if report.get("compiled") else ""),
         "",
         "| rows in | products out | rejected | skipped | attribute rows |",
         "|---:|---:|---:|---:|---:|",

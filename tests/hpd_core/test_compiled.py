@@ -127,8 +127,10 @@ def test_compiled_decoding_equals_the_oracle(models, tokenizer, arch):
         reference = ReferenceDecoder(model, tokenizer, config)
         for request, a, b in zip(requests, hpd.decode(requests), reference.decode(requests)):
             slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
-        assert not hpd.runner.compiled.failed
+        assert not hpd.runner.compiled.failed and hpd.layers_compiled()
+        assert not reference.layers_compiled()  # the oracle runs the model's own forward
     ar = AutoregressiveDecoder(model, tokenizer, config)
+    assert ar.layers_compiled()
     ar_reference = AutoregressiveReference(model, tokenizer, config)
     for request, a, b in zip(requests, ar.decode(requests), ar_reference.decode(requests)):
         parts_at_a_tie(model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
@@ -144,10 +146,12 @@ def test_a_failed_compile_falls_back_to_eager(models, tokenizer, caplog):
     requests = [random_request(random.Random(50), 3, 3)]
     eager = make_decoder("hpd", model, tokenizer, DecodeConfig(max_value_tokens=6)).decode(requests)
     decoder = make_decoder("hpd", model, tokenizer, DecodeConfig(max_value_tokens=6))
+    assert not decoder.layers_compiled()  # float32 on a CPU: eager by default
     decoder.runner.compiled = CompiledLayers(decoder.runner.body, backend=failing_backend)
+    assert decoder.layers_compiled()
     with caplog.at_level(logging.WARNING, logger="hpd_core.compiled"):
         results = decoder.decode(requests)
-    assert decoder.runner.compiled.failed
+    assert decoder.runner.compiled.failed and not decoder.layers_compiled()  # what ran: eager
     assert sum("run eagerly" in r.getMessage() for r in caplog.records) == 1
     assert [r.extra["slot_tokens"] for r in results] == [r.extra["slot_tokens"] for r in eager]
 

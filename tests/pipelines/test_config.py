@@ -1,12 +1,14 @@
 """Job configuration and cluster sizing (no Ray needed)."""
 
 import argparse
+from dataclasses import replace
 
 import pytest
 
 from jobs import extract
 from jobs.config import from_args
 from pipelines.build import ResourceConfig, size_actors
+from pipelines.extract_stage import COMPILE_MIN_PRODUCTS_PER_ACTOR
 
 from .helpers import SAMPLE, SAMPLE_ATTRIBUTES, run_extract
 
@@ -132,6 +134,16 @@ def test_bad_arguments_are_clear_value_errors(argv, message, tmp_path):
 def test_span_decoding_is_auto_unless_asked(argv, spans, tmp_path):
     config = from_args(parse("--output", tmp_path / "out", *argv))
     assert config.extract.decode.spans == spans and config.arguments["decode"]["spans"] == spans
+
+
+@pytest.mark.parametrize("setting", ["auto", "on", "off"])
+def test_small_jobs_leave_compile_layers_auto_eager(setting, tmp_path):
+    config = from_args(parse("--output", tmp_path / "out", "--compile-layers", setting)).extract
+    small = config.sized_for(COMPILE_MIN_PRODUCTS_PER_ACTOR - 1)
+    large = config.sized_for(COMPILE_MIN_PRODUCTS_PER_ACTOR)
+    assert small.decode.compile_layers == ("off" if setting == "auto" else setting)  # asked for: kept
+    assert large is config  # a job large enough keeps what was asked, auto included
+    assert replace(small, decode=config.decode) == config  # nothing else changes
 
 
 def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):

@@ -26,9 +26,24 @@ def test_hpd_equals_reference_on_the_real_model(ray_cluster, tmp_path):
         outputs[decoder] = _values(read_attributes(str(out)))
         assert report(str(out))["products_out"] == 6 and report(str(out))["dtype"] == "float32"
         assert report(str(out))["spans"] == "on"  # --spans auto on a CPU: span decoding, oracle included
+        assert report(str(out))["compiled"] == "off"  # float32 keeps the eager pieces; the oracle has none
         # the engine's batches by step shape (a CPU: packed); the oracle has no batches
         batches = (report(str(out))["batches_fixed_steps"], report(str(out))["batches_packed_steps"])
         assert batches == (0, 0) if decoder == "reference" else batches[0] == 0 and batches[1] >= 1
     assert outputs["hpd"] == outputs["reference"]
     assert any(value is not None for value, _ in outputs["hpd"].values())
     assert set(outputs["ar"]) == set(outputs["hpd"])  # the baseline answers the same slots
+
+
+@pytest.mark.slow
+def test_compile_layers_auto_leaves_a_small_job_eager(ray_cluster, tmp_path):
+    """bf16 on a CPU compiles the layers' pieces when asked, and ``auto`` does not for a job this small
+    (pipelines.extract_stage.COMPILE_MIN_PRODUCTS_PER_ACTOR); the report says what ran."""
+    compiled = {}
+    for setting in ("auto", "on"):
+        out = tmp_path / setting
+        argv = extract_args(SAMPLE, out, "--limit", 3, "--dtype", "bfloat16", "--compile-layers", setting)
+        argv[argv.index("--decoder") + 1] = "hpd"
+        assert run_extract(argv) == 0
+        compiled[setting] = report(str(out))["compiled"]
+    assert compiled == {"auto": "off", "on": "on"}

@@ -76,6 +76,19 @@ def test_the_report_names_the_span_decoding_that_ran():
     assert build_report(META, dry, dry, [attempt], attempt)["spans"] is None
 
 
+def test_the_report_names_whether_the_layers_ran_compiled():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    on, off, dry = Stats(), Stats(), Stats()
+    on.add({"rows_in": 2, "products_out": 2, "compiled": True})
+    off.add({"rows_in": 1, "products_out": 1, "compiled": False})
+    dry.add({"rows_in": 1, "products_out": 1, "compiled": None})  # the dry run runs no layers
+    report = build_report(META, on, on, [attempt], attempt)
+    assert report["compiled"] == "on" and "compiled layers: on" in render_markdown(report)
+    assert build_report(META, on.merged(off), off, [attempt], attempt)["compiled"] == "off+on"  # resumed eagerly
+    assert build_report(META, dry, dry, [attempt], attempt)["compiled"] is None
+    assert "compiled layers" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
+
+
 def test_a_job_of_no_products_reports_no_price_per_product():
     attempt = attempts.Attempt("a", 0.0, 0.5, "cpu", 0, 0.0425)
     report = build_report(META, Stats(), Stats(), [attempt], attempt)
