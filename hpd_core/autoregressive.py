@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from hpd_core.batching import BatchedDecoder, prefill_tokens, session_rows
+from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
@@ -277,6 +277,7 @@ class ARSession(Session):
         index = torch.tensor([self.append_at[row] for row in busy], device=r.device)
         hidden = self.runner.forward(self.cache, r, index, self.last[r], self.length[r] + self.fed[r],
                                      torch.zeros_like(r), end=int(index.max()) + 1)  # fmt: skip
+        self.note_finite(hidden, r)
         for row in busy:
             self.append_at[row] += 1
         self.fed[r] += 1
@@ -294,6 +295,7 @@ class ARSession(Session):
         index = torch.where(live, self.L + self.fed, self.cache.scratch)
         hidden = self.runner.forward(self.cache, r, index, self.last, self.length + self.fed, torch.zeros_like(r),
                                      end=self.cache.capacity, present=live, grid=(R, 1))  # fmt: skip
+        self.note_finite(hidden, r, live)
         self.fed += live
         index = self.fed.tolist() if self.forced is not None else [0] * R  # forcing is a test tool
         tokens = self.choose(hidden, self.item, index, live.tolist() if self.answers is not None else None)
@@ -322,9 +324,13 @@ class ARSession(Session):
     def outputs(self, rows: list[int], items: list[int]) -> list:
         for row in rows:
             self.budget[row] = 0
-        return [self.ends[item] for item in items]
+        overflows = self.overflows[torch.tensor(rows, device=self.decoder.device)].tolist()
+        return [(*self.ends[item], bad) for item, bad in zip(items, overflows)]
 
     def parse(self, item: int, outputs) -> Result:
-        n, complete = outputs
+        n, complete, overflows = outputs
+        if overflows:
+            reason = self.runner.overflow_reason(" while decoding")
+            return error_result(self.requests[item], self.decoder.name, reason, len(self.prompts[item].ids))
         return make_result(self.decoder.name, self.decoder.tokenizer, self.requests[item], len(self.prompts[item].ids),
                            self.generated[item], n, complete)  # fmt: skip

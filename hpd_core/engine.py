@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from hpd_core.batching import BatchedDecoder, prefill_tokens, session_rows
+from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import Layout, build_layout, require_token_boundary, shared_prefix_length
@@ -246,6 +246,7 @@ class HPDSession(Session):
             self.cache, r, base[r] + column, self.tokens[r, s], self.anchor_pos[r, s] + k, k,
             end=max(a for a, c in zip(self.append_at, counts.tolist()) if c),
         )  # fmt: skip
+        self.note_finite(hidden, r)
         new = self.choose(hidden, r, s, k)
         self.out[r, s, k] = new
         self.n_gen[r, s] += 1
@@ -269,6 +270,7 @@ class HPDSession(Session):
             self.cache, r, index, self.tokens.reshape(-1), self.anchor_pos.reshape(-1) + k, k,
             end=self.cache.capacity, present=act, grid=(R, S),
         )  # fmt: skip
+        self.note_finite(hidden, r, act)
         kk = k.clamp(max=K - 1)
         new = torch.where(act, self.choose(hidden, r, s, kk, act), self.tokens.reshape(-1))
         out = self.out.view(R * S, K)
@@ -300,20 +302,24 @@ class HPDSession(Session):
     def outputs(self, rows: list[int], items: list[int]) -> list:
         # one gather and one copy to the host for all the rows (indexing copies, on a CPU too)
         idx, n, S, K = torch.tensor(rows, device=self.decoder.device), len(rows), self.S, self.K
-        tables = torch.cat([self.out[idx].view(n, S * K), self.n_gen[idx], self.state[idx], self.passes[idx, None]], 1)
+        tables = torch.cat([self.out[idx].view(n, S * K), self.n_gen[idx], self.state[idx], self.passes[idx, None],
+                            self.overflows[idx, None]], 1)  # fmt: skip
         tables = tables.cpu()
         recorded = self.recorded[idx].cpu() if self.recorded is not None else None
         result = []
         for i, item in enumerate(items):
             s = self.layouts[item].num_slots
-            out, n_gen, state = tables[i, : S * K].view(S, K), tables[i, S * K : S * K + S], tables[i, S * K + S : -1]
+            out, n_gen, state = tables[i, : S * K].view(S, K), tables[i, S * K : S * K + S], tables[i, S * K + S : -2]
             rec = recorded[i, :s] if recorded is not None else None
-            result.append((out[:s], n_gen[:s], state[:s], int(tables[i, -1]), rec))
+            result.append((out[:s], n_gen[:s], state[:s], int(tables[i, -2]), rec, int(tables[i, -1])))
         return result
 
     def parse(self, item: int, outputs) -> Result:
-        out, n_gen, state, passes, recorded = outputs
+        out, n_gen, state, passes, recorded, overflows = outputs
         request, lay = self.requests[item], self.layouts[item]
+        if overflows:
+            reason = self.decoder.runner.overflow_reason(" while decoding")
+            return error_result(request, self.decoder.name, reason, len(lay.input_ids))
         slot_tokens = [out[s, : n_gen[s]].tolist() for s in range(lay.num_slots)]
         values = [
             parse_value(self.decoder.tokenizer.decode(ids, skip_special_tokens=True), finished=bool(state[s] == DONE))

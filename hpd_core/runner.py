@@ -219,10 +219,13 @@ class ModelRunner:
         each prompt's start, not every step): a model that overflows in its dtype (Gemma 3 in
         float16 does, at once) would otherwise write noise as values. Raises FloatingPointError."""
         if not bool(torch.isfinite(hidden).all()):
-            raise FloatingPointError(
-                f"the model's activations overflowed in {str(self.dtype).removeprefix('torch.')}: its hidden states hold NaN "
-                "or infinity, so its tokens would be noise; run it in bfloat16 or float32 (--dtype)")  # fmt: skip
+            raise FloatingPointError(self.overflow_reason())
         return hidden
+
+    def overflow_reason(self, when: str = "") -> str:
+        """Why a prompt whose hidden states held NaN or infinity (``when``: e.g. " while decoding") failed."""
+        return (f"the model's activations overflowed in {str(self.dtype).removeprefix('torch.')}{when}: its hidden "
+                "states hold NaN or infinity, so its tokens would be noise; run it in bfloat16 or float32 (--dtype)")  # fmt: skip
 
     def passed(self, kind: str, tokens: int, rows: int) -> None:
         """Count one forward pass (and tell the listeners, e.g. `hpd bench`'s counters); a step

@@ -551,6 +551,34 @@ def test_a_model_that_overflows_fails_clearly(models, tokenizer, decoder_name):
             norm.weight.copy_(saved)
 
 
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_a_prompt_whose_steps_overflow_is_an_error_result(models, tokenizer, decoder_name, step_shape):
+    """NaN in a decode step's hidden states (after a finite prefill) makes that prompt an error
+    result that names the overflow; the prompts beside it decode as without it."""
+    model = models["llama"]
+    config = DecodeConfig(max_value_tokens=4, max_batch_size=3, step_shape=step_shape)
+    decoder = make_decoder(decoder_name, model, tokenizer, config)
+    rng = random.Random(91)
+    requests = [random_request(rng, 2, 2) for _ in range(3)]
+    clean = decoder.decode(requests)
+    assert all(r.error is None for r in clean)
+    forward = decoder.runner.forward
+
+    def poisoned(cache, rows, *args, kind="step", **kwargs):  # row 1's step queries overflow
+        hidden = forward(cache, rows, *args, kind=kind, **kwargs)
+        return hidden.masked_fill((rows == 1)[:, None], float("nan")) if kind == "step" else hidden
+
+    decoder.runner.forward = poisoned
+    results = decoder.decode(requests)
+    failed = [i for i, r in enumerate(results) if r.error is not None]
+    assert len(failed) == 1  # the prompt in row 1 (every prompt here takes steps)
+    assert "overflowed in float32 while decoding" in results[failed[0]].error
+    assert all(v.value is None for row in results[failed[0]].values for v in row)
+    for i in set(range(3)) - set(failed):
+        assert results[i].values == clean[i].values
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral-swa"])
 @pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
 def test_prefill_in_forwards_of_few_tokens_equals_one_forward(models, tokenizer, arch, decoder_name):
