@@ -108,8 +108,13 @@ def _shard_id(uri: str, size: int, start: int, end: int) -> str:
 
 def plan_shards(config: ReadConfig) -> list[Shard]:
     """The input's shards in file order; with ``limit`` only those holding the first rows."""
+    files = list_input_files(config.uri)
+    if all(_kind(uri) == "unsupported" for uri, _ in files):  # a mistake, not rows to reject one by one
+        names = ", ".join(uri.rsplit("/", 1)[-1] for uri, _ in files[:3]) + (", ..." if len(files) > 3 else "")
+        raise ValueError(f"--input {config.uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz; "
+                         f"found {names})")
     shards = []
-    for uri, size in list_input_files(config.uri):
+    for uri, size in files:
         kind = _kind(uri)
         step = config.shard_bytes if kind == "jsonl" else max(size, 1)
         for start in range(0, max(size, 1), step):

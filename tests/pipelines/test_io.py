@@ -74,6 +74,18 @@ def test_parquet_gzip_unsupported_hidden_and_limit(tmp_path):
     assert [r.value["product_id"] for r in limited] == ["a", "b", "c", "d"]
 
 
+def test_an_input_of_unsupported_files_only_is_a_clear_error(tmp_path):
+    """A CSV file (or a folder of them) is a mistake to name before the job, not a rejected row per
+    file; beside data files an unsupported file is a rejected row (above)."""
+    (tmp_path / "records.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"holds no data files .*found records\.csv\)"):
+        plan_shards(ReadConfig(str(tmp_path / "records.csv")))
+    for i in range(4):
+        (tmp_path / f"part-{i}.txt").write_text("x\n")
+    with pytest.raises(ValueError, match=r"found part-0\.txt, part-1\.txt, part-2\.txt, \.\.\.\)"):
+        plan_shards(ReadConfig(str(tmp_path)))
+
+
 def test_missing_input_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         plan_shards(ReadConfig(str(tmp_path / "nope")))
