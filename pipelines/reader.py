@@ -144,20 +144,36 @@ class RawRecord:
 
 
 class _Unreadable:
-    """A placeholder row for a file (or the rest of one) that could not be read."""
+    """A placeholder row for a file (or the rest of one, or one row of it) that could not be read."""
 
-    def __init__(self, uri: str, error: str):
-        self.text = json.dumps({"file": uri})
+    def __init__(self, uri: str, error: str, row: int | None = None):
+        self.text = json.dumps({"file": uri} if row is None else {"file": uri, "row": row})
         self.error = error
 
 
-def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes]:
-    """Non-blank lines whose first byte lies in [start, end) (gzip files: the whole file)."""
+def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes | _Unreadable]:
+    """Non-blank lines whose first byte lies in [start, end) (gzip files: the whole file). A gzip
+    file that cannot be decompressed (cut short, or not gzip at all) ends in one unreadable row for
+    the rest of it; errors from the store (pyarrow's S3 messages say "AWS Error") are raised, so
+    that Ray retries the task."""
     fs, path = filesystem(shard.uri)
-    if shard.kind == "jsonl.gz":
-        stream, position, end = fs.open_input_stream(path, compression="gzip"), 0, None
-    else:
-        stream, position, end = fs.open_input_file(path), shard.start, shard.end
+    if shard.kind != "jsonl.gz":
+        yield from _lines(fs.open_input_file(path), shard.start, shard.end, block_bytes)
+        return
+    produced = 0
+    try:
+        for line in _lines(fs.open_input_stream(path, compression="gzip"), 0, None, block_bytes):
+            produced += 1
+            yield line
+    except (OSError, EOFError) as err:  # pyarrow: "Truncated compressed stream", "zlib inflate failed"
+        if "AWS Error" in str(err):
+            raise
+        where = f"after row {produced}" if produced else "at its start"
+        yield _Unreadable(shard.uri, f"malformed gzip file ({where}): {err}")
+
+
+def _lines(stream, position: int, end: int | None, block_bytes: int) -> Iterator[bytes]:
+    """``_jsonl_lines`` of an open stream, from byte ``position`` to ``end`` (None: its end)."""
     with stream:
         buffer = b""
         if position > 0:  # skip the line that started before this range
@@ -203,7 +219,7 @@ def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable
             data_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
             rows_per_batch = max(1, block_bytes * max(1, meta.num_rows) // max(1, data_bytes))
             for batch in parquet.iter_batches(batch_size=rows_per_batch):
-                for row in batch.to_pylist():
+                for row in _batch_rows(batch, shard.uri, produced):
                     produced += 1
                     yield row
     except (pa.ArrowInvalid, OSError) as err:
@@ -211,6 +227,21 @@ def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable
             raise
         where = f"after row {produced}" if produced else "at open"
         yield _Unreadable(shard.uri, f"malformed Parquet file ({where}): {err}")
+
+
+def _batch_rows(batch: pa.RecordBatch, uri: str, first: int) -> list[dict | _Unreadable]:
+    """A Parquet batch's rows as dicts; a row holding a string that is not UTF-8 (a writer that does
+    not check) becomes an unreadable row of its own, and the rows beside it are read as usual."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        rows = []
+        for i in range(batch.num_rows):
+            try:
+                rows.append(batch.slice(i, 1).to_pylist()[0])
+            except UnicodeDecodeError as err:
+                rows.append(_Unreadable(uri, f"malformed Parquet row: a string that is not UTF-8 ({err})", first + i))
+        return rows
 
 
 def _raw_rows(shard: Shard, block_bytes: int) -> Iterator[bytes | dict | _Unreadable]:

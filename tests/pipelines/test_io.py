@@ -74,6 +74,32 @@ def test_parquet_gzip_unsupported_hidden_and_limit(tmp_path):
     assert [r.value["product_id"] for r in limited] == ["a", "b", "c", "d"]
 
 
+def test_a_parquet_string_that_is_not_utf8_rejects_its_row_alone(tmp_path):
+    """A writer that does not check UTF-8: that row is a rejected row naming the file and row, the
+    rows beside it are read (before: the whole job stopped on a UnicodeDecodeError)."""
+    ids = pa.array([b"ok-1", b"caf\xe9", b"ok-3"], pa.binary()).view(pa.string())  # not validated
+    pq.write_table(pa.table({"product_id": ids, "n": [1, 2, 3]}), tmp_path / "latin1.parquet")
+    got = rows_of(ReadConfig(str(tmp_path / "latin1.parquet")))
+    assert [r.value for r in got] == [{"product_id": "ok-1", "n": 1}, None, {"product_id": "ok-3", "n": 3}]
+    assert "not UTF-8" in got[1].error and json.loads(got[1].text) == {"file": str(tmp_path / "latin1.parquet"), "row": 1}
+    assert [r.row for r in got] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("damage", ["cut", "not-gzip"])
+def test_a_gzip_file_that_does_not_decompress_is_a_rejected_row(tmp_path, damage):
+    """A .jsonl.gz cut short (a partial upload) or not gzip at all: the rest of the file is one
+    rejected row with the reason (before: the job stopped on the OSError)."""
+    data = gzip.compress(b'{"product_id": "a"}\n' * 5000)
+    path = tmp_path / "part.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2] if damage == "cut" else b'{"product_id": "a"}\n')
+    (tmp_path / "ok.jsonl").write_text('{"product_id": "b"}\n')
+    got = rows_of(ReadConfig(str(tmp_path)))
+    assert len(got) == 2 and got[0].value == {"product_id": "b"}  # the other file is read
+    bad = got[1]
+    assert bad.value is None and "malformed gzip file" in bad.error and json.loads(bad.text) == {"file": str(path)}
+    assert reader.has_rows(plan_shards(ReadConfig(str(path))), ReadConfig(str(path)))  # preflight: a row to reject
+
+
 def test_an_input_of_unsupported_files_only_is_a_clear_error(tmp_path):
     """A CSV file (or a folder of them) is a mistake to name before the job, not a rejected row per
     file; beside data files an unsupported file is a rejected row (above)."""
