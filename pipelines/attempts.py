@@ -87,13 +87,21 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.seconds):
-            try:
-                self.attempt = refresh(self.output, self.attempt)
-            except OSError as err:  # a missed refresh only shortens this attempt's recorded time
-                log.warning("could not refresh the attempt record: %s", err)
+            self._refresh()
+
+    def _refresh(self) -> None:
+        # any error of the store (boto3's ClientError or EndpointConnectionError are not OSErrors):
+        # a missed refresh only shortens this attempt's recorded time if the run is killed later
+        try:
+            self.attempt = refresh(self.output, self.attempt)
+        except Exception as err:
+            self.attempt = replace(self.attempt, updated_at=time.time())  # the report still counts it
+            log.warning("could not refresh the attempt record: %s: %s", type(err).__name__, err)
 
     def stop(self) -> Attempt:
+        """The attempt as of now, its record refreshed once more (a failure to write it is logged:
+        the job's report, written next, holds the same time)."""
         self._stop.set()
         self._thread.join()
-        self.attempt = refresh(self.output, self.attempt)
+        self._refresh()
         return self.attempt

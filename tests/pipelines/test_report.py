@@ -1,5 +1,7 @@
 """The report describes the whole job: time and cost summed over attempts, each at its device's price."""
 
+import time
+
 import pytest
 
 from pipelines import attempts
@@ -103,6 +105,26 @@ def test_attempt_records_round_trip(tmp_path):
     second = attempts.begin(output, "gpu", 1, 3.77, started_at=100.0)
     loaded = attempts.load_all(output)
     assert [a.name for a in loaded] == [first.name, second.name] and loaded[0].wall_seconds == 60.0
+
+
+def test_a_heartbeat_survives_a_store_that_fails_with_any_error(tmp_path, monkeypatch, caplog):
+    """boto3's errors (ClientError, EndpointConnectionError) are not OSErrors: a refresh that fails
+    with one is logged, the thread goes on, and ``stop`` returns the attempt as of now."""
+    attempt = attempts.begin(str(tmp_path), "cpu", 2, 0.0425, started_at=1000.0)
+
+    class ClientError(Exception):  # the shape of botocore's: not an OSError
+        pass
+
+    def failing(output, attempt):
+        raise ClientError("SlowDown")
+
+    monkeypatch.setattr(attempts, "refresh", failing)
+    heartbeat = attempts.Heartbeat(str(tmp_path), attempt, seconds=0.01)
+    time.sleep(0.1)
+    assert heartbeat._thread.is_alive()  # not killed by the first failure
+    stopped = heartbeat.stop()
+    assert stopped.updated_at > attempt.updated_at and stopped.name == attempt.name
+    assert "could not refresh the attempt record: ClientError: SlowDown" in caplog.text
 
 
 def test_batches_by_step_shape_are_summed_and_reported():
