@@ -7,8 +7,10 @@ pipeline smoke tests (``--decoder dry-run``) and the memory-boundedness test.
 a running job. ``failures`` makes prompts holding given products fail, the way a real decoder can:
 ``raise`` (every call raises), ``flaky`` (the first call holding the product raises, later ones
 succeed), ``error`` (the engine's own per-prompt error: ``Result.error`` set, as for a prompt
-that does not fit in device memory even alone) or ``crash`` (the process exits at once, as when
-the kernel or Ray's memory monitor kills an actor for memory). They exercise the failure paths of
+that does not fit in device memory even alone), ``crash`` (the process exits at once, as when
+the kernel or Ray's memory monitor kills an actor for memory) or ``broken`` (from the first call
+holding the product on, every call raises, whatever it holds: a device-side assert that leaves the
+GPU unusable). They exercise the failure paths of
 the extract stage and of the actor pool.
 """
 
@@ -23,7 +25,7 @@ from hpd_core.types import Request, Result, Value
 DRY_RUN = "dry-run"
 CHARS_PER_TOKEN = 4  # the usual rough rate for English text with BPE vocabularies
 CRASH_EXIT_CODE = 137  # what a process killed by SIGKILL reports
-FAILURE_MODES = ("raise", "flaky", "error", "crash")
+FAILURE_MODES = ("raise", "flaky", "error", "crash", "broken")
 
 
 class DryRunFailure(RuntimeError):
@@ -67,6 +69,7 @@ class DryRunDecoder:
     def __init__(self, config: DryRunConfig = DryRunConfig()) -> None:
         self.config = config
         self._failed_once: set[str] = set()  # flaky products that already failed in this decoder
+        self._broken = False  # a "broken" product arrived: every call fails from then on
         self.on_prompt_done = None  # as the engine's decoders: called with each request as it finishes
 
     def _mode(self, request: Request) -> tuple[str, str] | None:
@@ -80,6 +83,9 @@ class DryRunDecoder:
         if self.config.seconds_per_prompt:
             time.sleep(self.config.seconds_per_prompt * len(requests))
         failing = [failure for failure in map(self._mode, requests) if failure and failure[0] != "error"]
+        self._broken = self._broken or any(mode == "broken" for mode, _ in failing)
+        if self._broken:
+            raise DryRunFailure("simulated decoder failure: the device is unusable (a product marked broken arrived)")
         if any(mode == "crash" for mode, _ in failing):
             os._exit(CRASH_EXIT_CODE)  # no cleanup, no exception: like a SIGKILL
         results = []

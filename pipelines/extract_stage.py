@@ -12,7 +12,8 @@ become rejected rows (stage ``extract``) with the error as the reason; a prompt 
 reports as failed (``Result.error``, e.g. it does not fit in device memory even alone, after the
 engine's own split-and-retry) is rejected at once. When every prompt of a call fails alone the
 decoder itself is broken: the chunk fails (Ray retries it, then the job stops) rather than rejecting
-the whole catalog.
+the whole catalog; a call whose only prompt fails is told apart from a broken decoder by a probe
+(``ExtractStage._probed``).
 
 The requests of a chunk are decoded in calls of ``prompts_per_call`` (longest-first order, so that
 a call's prompts have similar lengths, as the engine's own batches do). The decoder reports each
@@ -79,6 +80,7 @@ SPAN_DECODERS = ("hpd", "ar", "reference")  # the decoders with span decoding (D
 # 2-core CPU the compiled pieces saved about 2 ms a title (session 45: 491 OA-Mine titles in one
 # actor, busy decoding 35.5 s eager, 34.4 s compiled with a warm cache, 46.5 s with an empty one)
 COMPILE_MIN_PRODUCTS_PER_ACTOR = 2048
+PROBE_ID = "hpd-extract-probe"  # the made-up product that tells a broken decoder from a bad prompt (ExtractStage._probed)
 
 
 @dataclass(frozen=True)
@@ -262,12 +264,34 @@ class ExtractStage:
             return list(self._call(requests))
         except Exception as err:  # isolate the prompt(s) that fail: retried alone below
             if self.config.decode_attempts == 1:
-                return [_reason(err)] * len(requests)
+                return self._probed(requests, [_reason(err)] * len(requests))
             log.warning("decoder call with %d prompts failed (%s); retrying each prompt alone", len(requests), _reason(err))
         outcomes = [self._decode_alone(request, self.config.decode_attempts - 1) for request in requests]
         if len(requests) > 1 and all(isinstance(outcome, str) for outcome in outcomes):
             raise RuntimeError(f"every one of {len(requests)} prompts failed, also alone (the decoder itself is failing): "
                                f"{outcomes[0]}")
+        return self._probed(requests, outcomes)
+
+    def _probed(self, requests: list[Request], outcomes: list[Result | str]) -> list[Result | str]:
+        """``outcomes``, once a decoder whose every prompt of a call failed has decoded a probe: one
+        made-up product of the first prompt's category. A call of one prompt (a chunk's last, or
+        with ``decode_attempts`` 1 any call) cannot tell a bad prompt from a broken decoder (a GPU
+        after a device-side assert) by itself; committing its products as rejected would lose them
+        for good. A probe that fails too fails the chunk (Ray retries it, then the job stops)."""
+        if not all(isinstance(outcome, str) for outcome in outcomes):
+            return outcomes
+        probe = replace(requests[0], products=(Product(PROBE_ID, "probe", None, ()),))
+        hook = getattr(self.decoder, "on_prompt_done", None)
+        try:
+            if hook is not None:
+                self.decoder.on_prompt_done = None  # the probe is no product of the chunk's progress
+            self._call([probe])
+        except Exception as err:
+            raise RuntimeError(f"a prompt failed ({outcomes[0]}), and so did a one-product probe: the decoder itself "
+                               f"is failing: {_reason(err)}") from err
+        finally:
+            if hook is not None:
+                self.decoder.on_prompt_done = hook
         return outcomes
 
     def _decode_chunk(self, chunk: str, requests: list[Request]) -> list[Result | str]:

@@ -101,6 +101,24 @@ def test_a_decoder_that_fails_every_prompt_fails_the_chunk_instead_of_rejecting_
         run_chunk(stage(failures=failing), prepared(shoes(6)))
 
 
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_a_chunk_of_one_prompt_on_a_broken_decoder_fails_instead_of_rejecting_it(attempts):
+    """One prompt cannot tell a bad prompt from a broken decoder (a GPU after a device-side assert):
+    a one-product probe does. Before, the chunk was committed with its products rejected, for good."""
+    with pytest.raises(RuntimeError, match="and so did a one-product probe: the decoder itself is failing"):
+        run_chunk(stage(failures=[("broken", "shoe-1")], attempts=attempts), prepared(shoes(2)))  # one prompt {0, 1}
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_a_chunk_of_one_bad_prompt_is_rejected_once_the_probe_decodes(attempts):
+    progress = Recorder()
+    extract = stage(failures=[("raise", "shoe-1")], attempts=attempts, progress=progress)
+    result = run_chunk(extract, prepared(shoes(2)))
+    assert written_ids(result) == set() and len(rejected_rows(result)) == 2 and check(result) == []
+    assert sum(call[2] for call in progress.calls if call[0] == "add") == 2  # the probe is not progress
+    assert extract.decoder.on_prompt_done is None  # the hook is the chunk's, put back after it
+
+
 class Recorder:
     """Stands in for the progress actor handle: ``handle.method.remote(*args)`` is recorded."""
 
