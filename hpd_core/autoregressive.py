@@ -207,6 +207,7 @@ class ARSession(Session):
         self.length[rows_t] = torch.tensor([len(self.prompts[i].ids) for i in items], device=dev)
         self.budget[rows_t] = torch.tensor([self.budgets[i] for i in items], device=dev)
         self.fed[rows_t] = 0
+        self.recent[rows_t] = -1  # fixed steps after the row's last prompt ended: not this prompt's tokens
         for row, item in zip(rows, items):
             self.append_at[row] = len(self.prompts[item].ids)
         tokens = self.choose(self.decoder.runner.finite(torch.cat(hidden)), items, [0] * len(items))

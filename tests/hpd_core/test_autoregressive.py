@@ -100,6 +100,23 @@ def test_stops_once_the_requested_products_are_closed(models, tokenizer, docs):
     assert json.loads(result.extra["text"].rstrip().rstrip(",") + "\n}") == json.loads(answer)
 
 
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+def test_a_row_whose_prompt_ended_at_its_first_token_passes_nothing_to_the_next(models, tokenizer, step_shape):
+    """A prompt that ends at its first token (here an end token; a closing "}" does the same) still
+    takes one fixed step before its row is refilled; that step's token must not be read into the
+    next prompt's answer, which decodes as alone (fixed steps are read back every check_every)."""
+    rng = random.Random(3)
+    requests = [random_request(rng, 1, 2), random_request(rng, 1, 2)]
+    second = encode(tokenizer, '  "1": {\n    "a": "x",\n    "b": null\n  }\n}')
+    config = DecodeConfig(max_value_tokens=4, step_shape=step_shape, check_every=4, max_batch_size=1, prefix_cache=0)
+    decoder = AutoregressiveDecoder(models["llama"], tokenizer, config)
+    prompts = [decoder.prompt_ids(r) for r in requests]
+    alone = decoder.decode_batch([requests[1]], [prompts[1]], [40], forced=[second])[0]
+    both = decoder.decode_batch(requests, prompts, [40, 40], forced=[[tokenizer.eos_token_id], second])
+    assert both[0].generated_tokens == 0  # the first prompt: its end token only
+    assert both[1].extra["text"] == alone.extra["text"] and both[1].generated_tokens == alone.generated_tokens
+
+
 @given(
     st.lists(st.sampled_from(['{', '}', '[', ']', '"', '\\', ',', 'a', ' ', '\n', '}"', '\\"']), max_size=40),
     st.integers(1, 3),
