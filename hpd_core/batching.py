@@ -178,16 +178,22 @@ def run_split_on_oom(
 ) -> list:
     """``run(items)``; on a device out-of-memory error, free the cache, split in halves and retry.
     A single item that still does not fit becomes ``fail(item, reason)`` instead of an exception."""
+    import gc
+
     import torch
 
     try:
         return run(items)
     except torch.OutOfMemoryError as err:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if len(items) == 1:
-            log.warning("one prompt does not fit in device memory even alone: %s", err)
-            return [fail(items[0], f"out of device memory even alone: {str(err).splitlines()[0]}")]
-        half = len(items) // 2
-        log.warning("out of device memory with %d prompts; retrying as %d + %d", len(items), half, len(items) - half)
-        return run_split_on_oom(items[:half], run, fail) + run_split_on_oom(items[half:], run, fail)
+        error = str(err)
+    # out of the except block, the error's traceback, whose frames hold the failed batch's session
+    # and its cache, is gone: only now can the memory be freed (its cycles by the collector)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if len(items) == 1:
+        log.warning("one prompt does not fit in device memory even alone: %s", error)
+        return [fail(items[0], f"out of device memory even alone: {error.splitlines()[0] if error else 'out of memory'}")]
+    half = len(items) // 2
+    log.warning("out of device memory with %d prompts; retrying as %d + %d", len(items), half, len(items) - half)
+    return run_split_on_oom(items[:half], run, fail) + run_split_on_oom(items[half:], run, fail)

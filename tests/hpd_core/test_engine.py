@@ -203,6 +203,41 @@ def test_out_of_memory_splits_the_batch(models, tokenizer):
     assert all(v.value is None for _, _, v in results[3].items())
 
 
+@pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
+def test_out_of_memory_frees_the_failed_batchs_cache_before_the_retry(models, tokenizer, decoder_name):
+    """The retry's halves allocate their caches once the failed batch's is gone: the error's
+    traceback (whose frames hold that session) is dropped first. The values are the clean run's."""
+    import gc
+    import weakref
+
+    rng = random.Random(3)
+    requests = [random_request(rng, 1, 2) for _ in range(4)]
+    config = DecodeConfig(max_value_tokens=4, prefix_cache=0)
+    clean = make_decoder(decoder_name, models["llama"], tokenizer, config).decode(requests)
+    decoder = make_decoder(decoder_name, models["llama"], tokenizer, config)
+    runner, caches, alive_at_new, raised = decoder.runner, [], [], []
+    new_cache, forward = runner.new_cache, runner.forward
+
+    def tracked(rows, capacity):
+        gc.collect()
+        alive_at_new.append(sum(ref() is not None for ref in caches))
+        cache = new_cache(rows, capacity)
+        caches.append(weakref.ref(cache))
+        return cache
+
+    def failing_once(*args, kind="step", **kwargs):
+        if kind == "step" and not raised:
+            raised.append(True)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(*args, kind=kind, **kwargs)
+
+    runner.new_cache, runner.forward = tracked, failing_once
+    results = decoder.decode(requests)
+    assert raised and len(alive_at_new) >= 3  # the failed batch, then its halves
+    assert alive_at_new == [0] * len(alive_at_new)  # before: the failed batch's cache was alive at 1 and 2
+    assert [r.values for r in results] == [r.values for r in clean] and all(r.error is None for r in results)
+
+
 def test_seeded_sampling_is_reproducible(models, tokenizer):
     rng = random.Random(8)
     requests = [random_request(rng, 2, 2) for _ in range(2)]
