@@ -198,7 +198,7 @@ def parse_value(text: str, finished: bool) -> Value:
         return Value(None, truncated=truncated, parse_error=True)
     if isinstance(parsed, (dict, list)):
         return Value(None, truncated=truncated, parse_error=True)
-    return Value(json.dumps(parsed) if isinstance(parsed, bool) else str(parsed), truncated=truncated)
+    return Value(bare, truncated=truncated)  # a number or true/false as written: "10.50", not "10.5"
 
 
 def closing_quote(text: str) -> int | None:
@@ -245,8 +245,8 @@ def parse_answer(request: Request, text: str, finished: bool) -> tuple[tuple[Val
                 raw = entry[_find_key(entry, name)]
                 if raw is None or isinstance(raw, str):
                     row.append(Value(_empty_to_none(raw)))
-                elif isinstance(raw, (int, float, bool)):
-                    row.append(Value(json.dumps(raw) if isinstance(raw, bool) else str(raw)))
+                elif isinstance(raw, bool):
+                    row.append(Value(json.dumps(raw)))
                 else:
                     row.append(Value(None, parse_error=True))
         rows.append(tuple(row))
@@ -307,12 +307,17 @@ class JsonCursor:
         return other
 
 
+# numbers are kept as the model wrote them ("10.50", "1e3"), as strings: values are copied, not computed
+_VERBATIM = json.JSONDecoder(parse_float=str, parse_int=str, parse_constant=str)
+
+
 def _load_json_object(text: str) -> dict | None:
     """The JSON object at the start of ``text``; if it is cut off or broken, the longest prefix
-    that ends after a complete member, with its open brackets closed. None if nothing parses."""
+    that ends after a complete member, with its open brackets closed. None if nothing parses.
+    Numbers come back as the text that wrote them."""
     text = text.lstrip()
     try:
-        obj, _ = json.JSONDecoder().raw_decode(text)
+        obj, _ = _VERBATIM.raw_decode(text)
         return obj if isinstance(obj, dict) else None
     except json.JSONDecodeError:
         pass
@@ -331,7 +336,7 @@ def _load_json_object(text: str) -> dict | None:
             cuts.append((i, "".join(reversed(stack))))
     for end, closers in reversed(cuts):
         try:
-            obj = json.loads(text[:end] + closers)
+            obj = _VERBATIM.decode(text[:end] + closers)
         except json.JSONDecodeError:
             continue
         return obj if isinstance(obj, dict) else None

@@ -114,6 +114,8 @@ def test_parse_value_cases():
     assert parse_value(" Acme,", True) == Value(None, parse_error=True)
     assert parse_value(" 12,", True) == Value("12")
     assert parse_value(" true,", True) == Value("true")
+    for number in ("10.50", "0.10", "1e3", "1E400", "-0", "NaN"):  # copied as written, not recomputed
+        assert parse_value(f" {number},", True) == Value(number)
     assert parse_value(' "",', True) == Value(None)
 
 
@@ -128,6 +130,15 @@ def test_parse_answer_roundtrip_and_errors():
     assert [[v.value for v in row] for row in parsed] == values
     broken = parse_answer(request, "not json at all", finished=True)
     assert all(v.parse_error and v.value is None for row in broken for v in row)
+
+
+def test_parse_answer_keeps_numbers_as_written():
+    request = _request(names=("Size", "Count", "Flag"))
+    text = '{"1": {"Size": 10.50, "Count": 12, "Flag": true}, "2": {"Size": 1e3, "Count": -0, "Flag": "x"}}'
+    parsed = parse_answer(request, text, finished=True)
+    assert [[v.value for v in row] for row in parsed] == [["10.50", "12", "true"], ["1e3", "-0", "x"]]
+    cut = parse_answer(request, '{"1": {"Size": 7.250, "Count": 3', finished=False)  # recovered prefix
+    assert cut[0][0] == Value("7.250")
 
 
 def test_parse_answer_recovers_a_cut_off_answer():
