@@ -6,9 +6,16 @@ its category. A predicted value *leaks* when it is not in the product's own text
 of one of those neighbours ("Bob's Red Mill ... Granola, 12 Oz" answered "48 Packets" from the next
 title). Generic words ("Men's", "Black") are in many titles, so the same share is measured against
 a control: products of the same category ``4w + 1 .. 5w`` places away, which can never share the
-prompt. The leakage figure is the difference of the two shares, over the non-null predicted values:
+prompt. The leakage figure is the difference of the two shares, over the non-null predicted values
+of products that have control products:
 
     leakage = P(not own and in a neighbour) - P(not own and in a control product)
+
+Each product is compared with as many neighbours as it has controls, the nearest of each: near the
+ends of a small category (AE-110k has categories of 14-20 test products) a product has its
+neighbours but fewer controls, or none, and counting them all would make the neighbours' share
+larger by their number alone. (Until 2026-11-29 it did: one category of 49 products, each answering
+a word of every other title, gave 18.37% at J = 8 with nothing copied; now 0.)
 
 Text matching is case-insensitive substring search over title, description and features.
 """
@@ -24,17 +31,18 @@ class Leakage:
     window: int  # w: neighbours are up to w places away in their category's input order
     values: int  # non-null predicted values of products found in the records
     not_own: int  # of those, values absent from the product's own text
-    in_neighbour: int  # not own, but in a neighbour's text
-    in_control: int  # not own, but in a control product's text
+    compared: int  # values of products with control products (the shares' denominator)
+    in_neighbour: int  # of those, not own, but in one of the product's compared neighbours' texts
+    in_control: int  # not own, but in one of its control products' texts
 
     @property
     def percent(self) -> float | None:
-        if not self.values:
+        if not self.compared:
             return None
-        return round(100 * (self.in_neighbour - self.in_control) / self.values, 2)
+        return round(100 * (self.in_neighbour - self.in_control) / self.compared, 2)
 
     def to_dict(self) -> dict:
-        share = (lambda n: round(100 * n / self.values, 2)) if self.values else (lambda n: None)
+        share = (lambda n: round(100 * n / self.compared, 2)) if self.compared else (lambda n: None)
         return {
             **asdict(self),
             "neighbour_percent": share(self.in_neighbour),
@@ -59,7 +67,7 @@ def measure(
     by_category: dict[str, list[str]] = {}
     for record in records:
         by_category.setdefault(record["category"], []).append(product_text(record))
-    values = not_own = in_neighbour = in_control = 0
+    values = not_own = compared = in_neighbour = in_control = 0
     positions: dict[str, tuple[str, int]] = {}  # product_id -> (category, index in the category)
     seen: dict[str, int] = {}
     for record in records:
@@ -73,19 +81,22 @@ def measure(
         texts = by_category[category]
         neighbours = _around(texts, i, 1, window)
         controls = _around(texts, i, 4 * window + 1, 5 * window)
+        k = min(len(neighbours), len(controls))  # as many of each, the nearest (see the module doc)
         for value in answer.values():
             if value is None or not str(value).strip():
                 continue
             values += 1
+            compared += k > 0
             needle = str(value).casefold()
             if needle in texts[i]:
                 continue
             not_own += 1
-            in_neighbour += any(needle in t for t in neighbours)
-            in_control += any(needle in t for t in controls)
-    return Leakage(window, values, not_own, in_neighbour, in_control)
+            if k:
+                in_neighbour += any(needle in t for t in neighbours[:k])
+                in_control += any(needle in t for t in controls[:k])
+    return Leakage(window, values, not_own, compared, in_neighbour, in_control)
 
 
 def _around(texts: Sequence[str], i: int, near: int, far: int) -> list[str]:
-    """Texts ``near..far`` places before or after index ``i``."""
+    """Texts ``near..far`` places before or after index ``i``, the nearest first."""
     return [texts[j] for d in range(near, far + 1) for j in (i - d, i + d) if 0 <= j < len(texts)]
