@@ -30,6 +30,9 @@ def save(directory: Path, model, optimizer, scheduler, report, epoch: int, micro
         "micro": micro,
         "python_rng": rng_state,
         "torch_rng": torch.get_rng_state(),
+        # dropout on a GPU draws from the CUDA generators: restored too, so a resumed run on a GPU
+        # is the uninterrupted one (None on a machine without CUDA)
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
     tmp = directory / (FILE + ".tmp")
     torch.save(state, tmp)
@@ -64,4 +67,6 @@ def restore(state: dict, model, optimizer, scheduler, report) -> tuple[int, int,
     for key, value in state["report"].items():
         setattr(report, key, value)
     torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():  # checkpoints before 2026-11-29 have none
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     return state["epoch"], state["micro"], state["python_rng"]

@@ -286,6 +286,10 @@ class TrainConfig:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not self.max_grad_norm > 0:  # clipping to a norm of 0 would zero every gradient
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     @property
     def learning_rate(self) -> float:

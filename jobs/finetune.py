@@ -119,6 +119,12 @@ TRAIN_OPTIONS = (
 )  # fmt: skip
 
 
+def train_options(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the command line set: those not None, and flags that are on (a 0 is
+    a value: ``--warmup-ratio 0`` means no warm-up, not the default)."""
+    return {name: value for name in TRAIN_OPTIONS if (value := getattr(args, name)) is not None and value is not False}
+
+
 RUN_FILE = "run.json"  # in OUT/checkpoint/: what the run's first sitting was asked, for --resume to check
 SITTING_OPTIONS = ("resume", "stop_after_epoch", "checkpoint_minutes", "log_every", "save_epochs", "func")
 
@@ -172,11 +178,16 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
     the run trains with) or the source's. None when nothing is held out."""
     if not products:
         return None
+    from training import data as gold
+
     ids = {p.product.product_id for p in products}
     folder = out / VALIDATION_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    if Path(sources.records).suffix.lower() == ".parquet":  # written as JSON lines, what hpd extract reads too
+        rows = [r for r in gold.read_records(Path(sources.records)) if isinstance(r, dict) and r.get("product_id") in ids]
+        (folder / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     for source, name in ((sources.records, "records.jsonl"), (sources.gold, "gold.jsonl")):
-        if not Path(source).is_file():
+        if not Path(source).is_file() or Path(source).suffix.lower() == ".parquet":
             continue
         with open(source, encoding="utf-8") as lines, open(folder / name, "w", encoding="utf-8") as kept:
             for line in lines:
@@ -197,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
-    options = {name: getattr(args, name) for name in TRAIN_OPTIONS if getattr(args, name) not in (None, False)}
+    options = train_options(args)
     config = TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
     bare = bare_model_name(args.model)
     if bare is not None:

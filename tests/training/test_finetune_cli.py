@@ -217,6 +217,46 @@ def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     assert "--stop-after-epoch" in capsys.readouterr().err
 
 
+def test_parquet_records_train_and_their_held_out_products_become_a_validation_folder(data_dir, model_dir, tmp_path, capsys):
+    """Records given as Parquet: the validation folder gets them as JSON lines (before, reading the
+    Parquet file as lines crashed the run after the model had loaded)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [json.loads(line) for line in (data_dir / "records.jsonl").read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "records.parquet")
+    out = tmp_path / "run"
+    argv = ["finetune", "--train", str(tmp_path / "records.parquet"), "--attributes", str(data_dir / "attributes.json"),
+            "--gold", str(data_dir / "gold.jsonl"), "--model", str(model_dir), "--out", str(out),
+            "--max-value-tokens", "8", "--max-steps", "1", "--grad-accum", "1", "--lora-rank", "2", "--val-fraction", "0.34"]
+    assert main(argv) == 0
+    kept = [json.loads(line) for line in (out / "validation" / "records.jsonl").read_text().splitlines()]
+    gold_ids = [json.loads(line)["product_id"] for line in (out / "validation" / "gold.jsonl").read_text().splitlines()]
+    assert kept and sorted(r["product_id"] for r in kept) == sorted(gold_ids)
+    assert all(r in records for r in kept)
+
+
+def test_options_set_to_zero_are_values_not_defaults():
+    """--warmup-ratio 0 (no warm-up), --lora-dropout 0, --weight-decay 0 reach the run's config
+    (before, a 0 was taken for 'not given' and the default trained instead); a gradient norm of 0,
+    which would zero every gradient, is refused."""
+    import argparse
+
+    from hpd_core.config import TrainConfig
+    from jobs.finetune import add_arguments, train_options
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    given = ["--train", "t", "--model", "m", "--out", "o", "--warmup-ratio", "0", "--lora-dropout", "0", "--seed", "0"]
+    options = train_options(parser.parse_args(given))
+    assert options["warmup_ratio"] == 0 and options["lora_dropout"] == 0 and options["seed"] == 0
+    config = TrainConfig(**options)
+    assert (config.warmup_ratio, config.lora_dropout) == (0, 0)
+    assert "full" not in train_options(parser.parse_args(given))  # a flag left off: the default
+    with pytest.raises(ValueError, match="max_grad_norm must be > 0"):
+        TrainConfig(**train_options(parser.parse_args([*given, "--max-grad-norm", "0"])))
+
+
 def test_docs_per_prompt_options_map_to_the_mix():
     """--docs-per-prompt alone fixes J; --max-docs-per-prompt makes a mix; neither: the recipe's mix."""
     import argparse
