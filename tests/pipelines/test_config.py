@@ -104,6 +104,15 @@ def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     assert packed.output.run_id != config.output.run_id
 
 
+def test_typing_a_default_model_or_dtype_is_the_same_job(tmp_path):
+    """--model default or --dtype auto, typed, give the run id of leaving them out (before, a job
+    resumed with the default typed was refused as a different job); another dtype is another job."""
+    run_id = lambda *argv: from_args(parse("--output", tmp_path / "out", *argv)).output.run_id  # noqa: E731
+    plain = run_id()
+    assert run_id("--model", "default") == run_id("--dtype", "auto") == run_id("--model", "default", "--dtype", "auto") == plain
+    assert run_id("--dtype", "bfloat16") != plain and run_id("--model", "smollm2-135m-hpd") != plain
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
