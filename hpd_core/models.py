@@ -188,7 +188,11 @@ def check_paths(config: ModelConfig) -> None:
                 raise FileNotFoundError(f"GGUF file {name} does not exist")
         elif _looks_local(name) and not (Path(name) / "config.json").is_file():
             raise FileNotFoundError(f"model directory {name} does not exist or has no config.json")
-    adapter = config.adapter
+    check_adapter_path(config.adapter)
+
+
+def check_adapter_path(adapter: str | None) -> None:
+    """``check_paths`` for an adapter alone (a model from S3 is checked where it is copied)."""
     if adapter and _looks_local(adapter) and not (Path(adapter) / "adapter_config.json").is_file():
         raise FileNotFoundError(f"adapter {adapter} is not a PEFT adapter directory (no adapter_config.json)")
 

@@ -50,14 +50,17 @@ def _looks_local(name: str) -> bool:
 
 def check_model(model_uri: str, adapter_uri: str | None) -> None:
     """Fail on a model or adapter that the actors could not load (see the module doc)."""
-    from hpd_core.config import DEFAULT_MODEL, ModelConfig
-    from hpd_core.models import EMBEDDED, check_paths
+    from hpd_core.config import ModelConfig
+    from hpd_core.models import EMBEDDED, check_adapter_path, check_paths
 
     for flag, uri in (("--model", model_uri), ("--adapter", adapter_uri)):
         if uri and uri.startswith("s3://") and not io.list_files(uri) and not io.exists(uri):
             raise ValueError(f"{flag} {uri}: nothing there (an S3 prefix holding the files, or one object)")
     local = [None if uri is None or uri.startswith("s3://") else uri for uri in (model_uri, adapter_uri)]
-    check_paths(ModelConfig(name=local[0] or DEFAULT_MODEL, adapter=local[1]))  # local paths exist?
+    if local[0] is not None:  # local paths exist? (a model from S3 needs no embedded model's package)
+        check_paths(ModelConfig(name=local[0], adapter=local[1]))
+    else:
+        check_adapter_path(local[1])
     for flag, name in (("--model", local[0]), ("--adapter", local[1])):
         if name is None or name in EMBEDDED or _looks_local(name) or in_hub_cache(name):
             continue

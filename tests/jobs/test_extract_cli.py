@@ -128,6 +128,26 @@ def test_a_missing_s3_model_fails_before_ray(s3_server, tmp_path, no_ray, capsys
     assert f"--model s3://{bucket}/models/none/: nothing there" in capsys.readouterr().err
 
 
+def test_an_s3_model_needs_no_embedded_models_package(s3_server, monkeypatch):
+    """The cluster image installs no embedded model: a job with --model s3://... passes the checks
+    (before, they checked the default model's package for it and every cluster command failed)."""
+    from hpd_core import models
+    from jobs import checks
+
+    bucket = s3_server.make_bucket("image")
+    s3_server.client().put_object(Bucket=bucket, Key="models/m/config.json", Body=b"{}")
+
+    def not_installed(embedded):
+        raise FileNotFoundError(f"this model needs the {embedded.pip_name} package")
+
+    monkeypatch.setattr(models, "_package_dir", not_installed)
+    checks.check_model(f"s3://{bucket}/models/m/", None)
+    with pytest.raises(FileNotFoundError, match="adapter"):
+        checks.check_model(f"s3://{bucket}/models/m/", "./no-such-adapter")
+    with pytest.raises(FileNotFoundError, match="needs the"):
+        checks.check_model("default", None)  # an embedded model still needs its package
+
+
 def test_a_folder_that_is_not_an_hpd_output_is_refused_and_left_alone(tmp_path, no_ray, capsys):
     output = tmp_path / "mine"
     output.mkdir()
