@@ -35,6 +35,7 @@ from pipelines.progress import ProgressConfig, ProgressCounter, ProgressLine
 from pipelines.report import ReportConfig, Stats, build_report, write_report
 
 log = logging.getLogger("hpd.extract")
+DEVICES = ("auto", "gpu", "cpu")  # ResourceConfig.device
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ class ResourceConfig:
         lost node, an out-of-memory kill, a crash) before the job stops with the cause; the chunk in
         hand is retried on the new process. Ray Data's own default restarts an actor without end, so
         an actor killed for memory on every chunk kept a job at 0% for as long as it was left to run.
+    device: where the extract actors run. "auto": on the GPUs the cluster has when the job starts,
+        else on its CPUs. "gpu": one GPU per actor, also on a cluster that has no GPU node yet (an
+        autoscaling one that starts its GPU workers from zero): the job asks the autoscaler for
+        ``max_actors`` GPUs (1 if not set, never more than the job's chunks) and waits up to
+        ``gpu_wait_seconds`` for them, then runs on the GPUs there are (none: a clear error).
+        "cpu": on CPUs, whatever GPUs there are.
     """
 
     io_cpus: float = 0.25
@@ -87,8 +94,14 @@ class ResourceConfig:
     store_chunks_per_actor: int = 8
     writes_per_worker: int = 256
     actor_restarts: int = 3
+    device: str = "auto"
+    gpu_wait_seconds: float = 1800.0
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if not self.gpu_wait_seconds >= 0:
+            raise ValueError(f"gpu_wait_seconds must be >= 0, got {self.gpu_wait_seconds}")
         if not isinstance(self.cpu_actor_threads, int) or self.cpu_actor_threads < 1:
             raise ValueError(f"cpu_actor_threads must be an int >= 1, got {self.cpu_actor_threads!r}")
         for name in ("io_cpus", "gpu_actor_cpus", "cpu_actor_memory_gib"):
@@ -129,7 +142,9 @@ def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None
     or leave its vCPUs idle where fewer actors with more threads each use them all."""
     gpus, cpus = int(cluster.get("GPU", 0)), float(cluster.get("CPU", 1))
     limits = ([config.max_actors] if config.max_actors else []) + ([max(1, chunks)] if chunks is not None else [])
-    if gpus:
+    if config.device == "gpu" and not gpus:
+        raise ValueError("--device gpu: the cluster has no GPU (an actor asking for one would wait forever)")
+    if gpus and config.device != "cpu":
         return ActorSizing("gpu", 1, config.gpu_actor_cpus, min([gpus, *limits]))
     actors = min([max(1, int(cpus // config.cpu_actor_threads)), *limits])
     if "memory" in cluster:  # Ray's memory for tasks and actors, in bytes
@@ -137,6 +152,46 @@ def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None
     # Ray would pin each actor to as many threads as its whole reserved CPUs (a fraction: 1); the
     # prepare and write tasks are light, so the actors' threads share all the cores for their matmuls.
     return ActorSizing("cpu", 0, cpus / 2 / actors, actors, threads=max(1, int(cpus // actors)))
+
+
+def await_gpus(config: ResourceConfig, chunks: int, resources=None, request=None, clock=time.monotonic,
+               sleep=time.sleep) -> int:  # fmt: skip
+    """``--device gpu``: ask the autoscaler for the GPUs the job will use (``max_actors``, 1 if not
+    set, no more than ``chunks``) and wait until the cluster has them, at most ``gpu_wait_seconds``;
+    then the GPUs there are. None after the wait is an error that says what to check. ``resources``
+    and ``request`` default to Ray's (``ray.cluster_resources``, the autoscaler's
+    ``request_resources``, a no-op on a cluster without an autoscaler)."""
+    if resources is None:
+        resources = ray.cluster_resources
+    if request is None:
+        from ray.autoscaler.sdk import request_resources as request
+    wanted = min(config.max_actors or 1, max(1, chunks))
+    have = int(resources().get("GPU", 0))
+    if have >= wanted:
+        return have
+    request(bundles=[{"GPU": 1, "CPU": config.gpu_actor_cpus}] * wanted)
+    start = last_said = clock()
+    log.info("--device gpu: waiting for %d GPU(s), %d in the cluster (at most %.0f s)", wanted, have, config.gpu_wait_seconds)
+    while have < wanted and clock() - start < config.gpu_wait_seconds:
+        sleep(min(5.0, config.gpu_wait_seconds))
+        have = int(resources().get("GPU", 0))
+        if clock() - last_said >= 60:
+            last_said = clock()
+            log.info("--device gpu: %d of %d GPU(s) after %.0f s", have, wanted, clock() - start)
+    if not have:
+        raise RuntimeError(f"--device gpu: no GPU joined the cluster in {config.gpu_wait_seconds:.0f} s: check that it "
+                           "has a GPU worker type the autoscaler may start (its max_workers, the account's GPU quota)")
+    if have < wanted:
+        log.warning("--device gpu: %d of %d GPU(s) after %.0f s; running on those", have, wanted, clock() - start)
+    return have
+
+
+def release_gpus(config: ResourceConfig) -> None:
+    """Withdraw ``await_gpus``' request, so that the autoscaler may remove the nodes once idle."""
+    if config.device == "gpu":
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[])
 
 
 def build_dataset(
@@ -345,6 +400,8 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     # are not done again): no more actors, nor tasks that write, than that
     chunks = sum(max(1, -(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows)
                      - len(state.done.get(shard.shard_id, ()))) for shard, idx in todo)
+    if resources.device == "gpu":
+        await_gpus(resources, chunks)
     sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)
     bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
     log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
@@ -370,6 +427,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     finally:
         ray.kill(counter)
         attempt = heartbeat.stop()
+        release_gpus(resources)
     total = previous.merged(this_run)
     meta = _meta(prepare, extract, output, skip_existing)
     result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)

@@ -7,7 +7,7 @@ import pytest
 
 from jobs import extract
 from jobs.config import from_args
-from pipelines.build import ResourceConfig, size_actors
+from pipelines.build import ResourceConfig, await_gpus, size_actors
 from pipelines.extract_stage import COMPILE_MIN_PRODUCTS_PER_ACTOR
 
 from .helpers import SAMPLE, SAMPLE_ATTRIBUTES, run_extract
@@ -37,6 +37,55 @@ def test_actor_sizing(cluster, config, expected):
     sizing = size_actors(cluster, config)
     assert (sizing.device, sizing.num_gpus, sizing.num_cpus, sizing.actors) == expected
     assert sizing.num_cpus <= cluster["CPU"] / 2 or sizing.device == "gpu"
+
+
+def test_device_cpu_ignores_gpus_and_device_gpu_needs_one():
+    cpu = size_actors({"GPU": 8, "CPU": 16}, ResourceConfig(device="cpu"))
+    assert (cpu.device, cpu.num_gpus, cpu.actors) == ("cpu", 0, 16)
+    gpu = size_actors({"GPU": 2, "CPU": 16}, ResourceConfig(device="gpu", max_actors=4))
+    assert (gpu.device, gpu.num_gpus, gpu.actors) == ("gpu", 1, 2)
+    with pytest.raises(ValueError, match="--device gpu: the cluster has no GPU"):
+        size_actors({"CPU": 16}, ResourceConfig(device="gpu"))
+    with pytest.raises(ValueError, match="device must be one of"):
+        ResourceConfig(device="tpu")
+
+
+class Cluster:
+    """The GPUs a scripted autoscaling cluster has at each look, and what it was asked for."""
+
+    def __init__(self, gpus: list[int]):
+        self.gpus, self.asked, self.now = list(gpus), [], 0.0
+
+    def resources(self) -> dict:
+        return {"CPU": 4.0, "GPU": float(self.gpus.pop(0) if len(self.gpus) > 1 else self.gpus[0])}
+
+    def request(self, bundles):
+        self.asked.append(bundles)
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def await_with(cluster: Cluster, config: ResourceConfig, chunks: int = 100) -> int:
+    return await_gpus(config, chunks, cluster.resources, cluster.request, clock=lambda: cluster.now, sleep=cluster.sleep)
+
+
+def test_device_gpu_asks_an_autoscaling_cluster_for_its_gpus_and_waits():
+    """A cluster whose GPU workers start from zero: before --device gpu the job sized CPU actors
+    from the GPU-less cluster it saw at the start and never asked for a GPU."""
+    cluster = Cluster([0, 0, 0, 1, 3])
+    assert await_with(cluster, ResourceConfig(device="gpu", max_actors=3)) == 3
+    assert cluster.asked == [[{"GPU": 1, "CPU": 1.0}] * 3] and cluster.now == 20.0
+    assert await_with(Cluster([0, 1]), ResourceConfig(device="gpu"), chunks=5) == 1  # 1 GPU unless --max-actors
+    few = Cluster([0, 1])
+    assert await_with(few, ResourceConfig(device="gpu", max_actors=8), chunks=2) == 1  # no more than the chunks
+    assert few.asked == [[{"GPU": 1, "CPU": 1.0}] * 2]
+    part = Cluster([0, 1])  # never more than one: after the wait, run on it
+    assert await_with(part, ResourceConfig(device="gpu", max_actors=4, gpu_wait_seconds=30)) == 1 and part.now >= 30
+    with pytest.raises(RuntimeError, match="no GPU joined the cluster in 30 s: check"):
+        await_with(Cluster([0]), ResourceConfig(device="gpu", gpu_wait_seconds=30))
+    present = Cluster([2])
+    assert await_with(present, ResourceConfig(device="gpu", max_actors=2)) == 2 and present.asked == []  # nothing to ask
 
 
 def test_cpu_actors_share_all_cores_for_torch_threads():
