@@ -14,6 +14,7 @@ User errors raise ValueError / OSError, which ``hpd`` prints as one line.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from pathlib import Path
 from jobs.config import JobConfig, flag_for
 from pipelines import commit, io, reader
 from pipelines.dryrun import DRY_RUN
+
+
+MODEL_FILES = "model_files"  # in _job.json's arguments, outside the run id
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Preflight:
     empty: bool  # the input holds no row
     existing_run: str | None  # run id of the job already in the output
     complete: bool  # the same job is already finished (its report exists): nothing to do
+    arguments: dict  # the job's arguments and what its model and adapter are (``model_files``), for _job.json
 
 
 def hub_cache() -> Path:
@@ -72,6 +77,50 @@ def check_model(model_uri: str, adapter_uri: str | None) -> None:
         )
 
 
+def files_fingerprint(path: Path) -> str:
+    """A hash of a local model or adapter (a file, or a folder's files): their names, sizes and the
+    content of their first and last MiB. Another file, a retrained one, or one changed in place
+    gives another; a copy elsewhere, the same."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"|{file.relative_to(path) if path.is_dir() else file.name}|{size}|".encode())
+        with open(file, "rb") as handle:
+            digest.update(handle.read(1 << 20))
+            if size > 2 << 20:
+                handle.seek(-(1 << 20), os.SEEK_END)
+                digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def model_files(model_uri: str, adapter_uri: str | None) -> dict:
+    """What the job's model and adapter are, file by file (``files_fingerprint``; S3: its listing;
+    an embedded model: its package's GGUF file and shipped adapter; a hub id: the cached revision),
+    kept in the output's ``_job.json``: a job resumed with a model or adapter changed under the same
+    name would write two models' values into one output (``preflight`` refuses it)."""
+    from hpd_core.models import EMBEDDED
+
+    from pipelines.artifacts import s3_fingerprint
+
+    def one(uri: str | None) -> str | None:
+        if uri is None:
+            return None
+        if uri.startswith("s3://"):
+            return "s3:" + s3_fingerprint(uri)
+        if uri in EMBEDDED:
+            embedded = EMBEDDED[uri]
+            adapter = files_fingerprint(embedded.adapter) if embedded.adapter is not None else None
+            return f"embedded:{embedded.package}/{embedded.gguf_file}:{adapter}"
+        local = Path(uri).expanduser()
+        if local.exists():
+            return "files:" + files_fingerprint(local)
+        refs = hub_cache() / f"models--{uri.replace('/', '--')}" / "refs" / "main"
+        return "hub:" + (refs.read_text().strip() if refs.is_file() else uri)
+
+    return {"model": one(model_uri), "adapter": one(adapter_uri)}
+
+
 def _show(value: object) -> str:
     if value is None:
         return "not given"
@@ -83,6 +132,8 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
     """Which arguments differ between the job in ``output`` and this one, by flag."""
     parts = []
     for key, old, new in commit.differences(existing.get("arguments") or {}, arguments):
+        if key.split(".", 1)[0] == MODEL_FILES:  # not an argument (see model_files)
+            continue
         name = flag_for(key.rsplit(".", 1)[-1], args) or key
         if key == "attributes":
             parts.append("--attributes (the schema's content)")
@@ -96,8 +147,10 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
 def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     """Run every check; write nothing. ``args.overwrite`` allows replacing an earlier job."""
     shards = tuple(reader.plan_shards(config.prepare.read))  # the input exists and holds data files
+    arguments = config.arguments
     if config.extract.decoder != DRY_RUN:
         check_model(config.extract.model_uri, config.extract.adapter_uri)
+        arguments = {**arguments, MODEL_FILES: model_files(config.extract.model_uri, config.extract.adapter_uri)}
     output = config.output.uri
     if output.startswith("s3://") and not io.exists("s3://" + output[len("s3://"):].split("/", 1)[0]):
         raise ValueError(f"--output {output}: the bucket does not exist (or these credentials cannot see it)")
@@ -107,9 +160,17 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     same = existing is not None and existing.get("run_id") == config.output.run_id
     if existing is not None and not same and not args.overwrite:
         raise ValueError(conflict_message(output, existing, config.arguments, args))
+    if same and not args.overwrite:
+        before = (existing.get("arguments") or {}).get(MODEL_FILES) or {}  # none in jobs before 2026-11-29
+        changed = [k for k, v in before.items() if v != arguments.get(MODEL_FILES, {}).get(k)]
+        if changed:  # the same names, other files: resuming would mix two models' values
+            flags = " and ".join(f"--{k} {config.extract.model_uri if k == 'model' else config.extract.adapter_uri}" for k in changed)
+            raise ValueError(f"{flags} changed since the job in --output {output} started (other files under the same "
+                             "name); resuming would write two models' values into one output: use a new --output, "
+                             "or --overwrite to start it over")
     empty = not reader.has_rows(list(shards), config.prepare.read)
     complete = False
     if same and not args.overwrite and io.exists(io.join(output, "_report.json")):
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
-    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete)
+    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments)

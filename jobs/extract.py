@@ -136,7 +136,7 @@ TASK_EVENTS_ENV = "RAY_task_events_max_num_task_in_gcs"
 TASK_EVENTS_KEPT = "10000"
 
 
-def _run_on_ray(config, args) -> dict:
+def _run_on_ray(config, args, arguments: dict) -> dict:
     import ray
 
     from jobs import quiet
@@ -160,7 +160,7 @@ def _run_on_ray(config, args) -> dict:
                 report=config.report,
                 resources=config.resources,
                 skip_existing=config.skip_existing,
-                arguments=config.arguments,
+                arguments=arguments,
             )
     except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
         raise CommandFailed(f"{failure_line(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err
@@ -237,8 +237,8 @@ def run(args: argparse.Namespace) -> int:
         from pipelines.build import empty_job
 
         report = empty_job(prepare=config.prepare, extract=config.extract, output=config.output,
-                           report=config.report, skip_existing=config.skip_existing, arguments=config.arguments)
+                           report=config.report, skip_existing=config.skip_existing, arguments=plan.arguments)
     else:
-        report = _run_on_ray(config, args)
+        report = _run_on_ray(config, args, plan.arguments)
     print(_summary(report, output))
     return 0

@@ -50,17 +50,27 @@ def _download(fs: pafs.FileSystem, base: str, files: list[pafs.FileInfo], target
             shutil.copyfileobj(source, sink)
 
 
+def s3_fingerprint(uri: str) -> str:
+    """A hash of an S3 artifact's listing (names, sizes, modification times): another when it changed."""
+    fs, path = io.filesystem(uri)
+    return _fingerprint(uri, _listing(fs, path)[1])
+
+
+def _fingerprint(uri: str, files: list[pafs.FileInfo]) -> str:
+    fingerprint = hashlib.sha256(uri.encode())
+    for info in sorted(files, key=lambda i: i.path):
+        fingerprint.update(f"|{info.path}|{info.size}|{info.mtime_ns}".encode())
+    return fingerprint.hexdigest()
+
+
 def resolve_model_path(uri: str) -> str:
     """A local path for ``uri``: s3:// artifacts are downloaded once per node; others pass through."""
     if not uri.startswith("s3://"):
         return uri
     fs, path = io.filesystem(uri)
     base, files = _listing(fs, path)
-    fingerprint = hashlib.sha256(uri.encode())
-    for info in sorted(files, key=lambda i: i.path):
-        fingerprint.update(f"|{info.path}|{info.size}|{info.mtime_ns}".encode())
     bucket = path.split("/", 1)[0]
-    directory = cache_root() / "models" / "s3" / bucket / fingerprint.hexdigest()[:16]
+    directory = cache_root() / "models" / "s3" / bucket / _fingerprint(uri, files)[:16]
     # a single object (e.g. a .gguf file) resolves to the file inside the directory
     answer = directory / files[0].path[len(base) :].lstrip("/") if base != path else directory
     if directory.is_dir():

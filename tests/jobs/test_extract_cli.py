@@ -148,6 +148,42 @@ def test_an_s3_model_needs_no_embedded_models_package(s3_server, monkeypatch):
         checks.check_model("default", None)  # an embedded model still needs its package
 
 
+def test_files_fingerprint_follows_the_content_not_the_place(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text("{}")
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 20000)  # 5 MB
+    assert checks.files_fingerprint(tmp_path / "a") == checks.files_fingerprint(tmp_path / "b")  # a copy
+    weights = bytearray((tmp_path / "b" / "adapter_model.safetensors").read_bytes())
+    weights[-7] ^= 1  # retrained: the same size, other bytes at the end
+    (tmp_path / "b" / "adapter_model.safetensors").write_bytes(bytes(weights))
+    assert checks.files_fingerprint(tmp_path / "a") != checks.files_fingerprint(tmp_path / "b")
+    files = checks.model_files("default", None)
+    assert files["model"].startswith("embedded:") and files["adapter"] is None and files == checks.model_files("default", None)
+
+
+def test_a_resume_with_the_adapter_changed_under_its_name_is_refused(tmp_path, no_ray, capsys):
+    """Before, the run id knew the adapter by its path alone: a resume after retraining it in place
+    was accepted, and the output held two adapters' values."""
+    from jobs.config import from_args
+    from pipelines import commit
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 4}')
+    argv = ["--input", SAMPLE, "--attributes", SAMPLE_ATTRIBUTES, "--output", tmp_path / "out", "--adapter", adapter]
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    args = parser.parse_args([str(a) for a in argv])
+    config = from_args(args)
+    plan = checks.preflight(config, args)
+    commit.claim_output(config.output.uri, config.output.run_id, plan.arguments)  # the first sitting began
+    assert checks.preflight(config, args).existing_run == config.output.run_id  # unchanged: a resume
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    assert run_extract(argv) == 2
+    assert f"--adapter {adapter} changed since the job in --output" in capsys.readouterr().err
+
+
 def test_a_folder_that_is_not_an_hpd_output_is_refused_and_left_alone(tmp_path, no_ray, capsys):
     output = tmp_path / "mine"
     output.mkdir()
