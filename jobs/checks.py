@@ -164,7 +164,8 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
         before = (existing.get("arguments") or {}).get(MODEL_FILES) or {}  # none in jobs before 2026-11-29
         changed = [k for k, v in before.items() if v != arguments.get(MODEL_FILES, {}).get(k)]
         if changed:  # the same names, other files: resuming would mix two models' values
-            flags = " and ".join(f"--{k} {config.extract.model_uri if k == 'model' else config.extract.adapter_uri}" for k in changed)
+            names = {"model": config.extract.model_uri, "adapter": config.extract.adapter_uri}
+            flags = " and ".join(f"--{k} {names[k]}" for k in changed)
             raise ValueError(f"{flags} changed since the job in --output {output} started (other files under the same "
                              "name); resuming would write two models' values into one output: use a new --output, "
                              "or --overwrite to start it over")
