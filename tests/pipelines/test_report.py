@@ -66,29 +66,20 @@ def test_the_report_names_the_dtype_the_models_ran_in():
     assert "dtype" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
 
 
-def test_the_report_names_the_span_decoding_that_ran():
+@pytest.mark.parametrize("field, shown", [("spans", "spans"), ("compiled", "compiled layers")])
+def test_the_report_names_what_ran_per_actor(field, shown):
+    """Span decoding (--spans auto) and the compiled layers (--compile-layers auto), resolved per
+    actor: on, off, both for a job resumed elsewhere (on a GPU, or eagerly), none for the dry run."""
     attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
     on, off, dry = Stats(), Stats(), Stats()
-    on.add({"rows_in": 2, "products_out": 2, "spans": True})
-    off.add({"rows_in": 1, "products_out": 1, "spans": False})
-    dry.add({"rows_in": 1, "products_out": 1, "spans": None})  # the dry run decodes no spans
+    on.add({"rows_in": 2, "products_out": 2, field: True})
+    off.add({"rows_in": 1, "products_out": 1, field: False})
+    dry.add({"rows_in": 1, "products_out": 1, field: None})  # the dry run runs no model
     report = build_report(META, on, on, [attempt], attempt)
-    assert report["spans"] == "on" and "spans: on" in render_markdown(report)
-    assert build_report(META, on.merged(off), off, [attempt], attempt)["spans"] == "off+on"  # resumed on a GPU
-    assert build_report(META, dry, dry, [attempt], attempt)["spans"] is None
-
-
-def test_the_report_names_whether_the_layers_ran_compiled():
-    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
-    on, off, dry = Stats(), Stats(), Stats()
-    on.add({"rows_in": 2, "products_out": 2, "compiled": True})
-    off.add({"rows_in": 1, "products_out": 1, "compiled": False})
-    dry.add({"rows_in": 1, "products_out": 1, "compiled": None})  # the dry run runs no layers
-    report = build_report(META, on, on, [attempt], attempt)
-    assert report["compiled"] == "on" and "compiled layers: on" in render_markdown(report)
-    assert build_report(META, on.merged(off), off, [attempt], attempt)["compiled"] == "off+on"  # resumed eagerly
-    assert build_report(META, dry, dry, [attempt], attempt)["compiled"] is None
-    assert "compiled layers" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
+    assert report[field] == "on" and f"{shown}: on" in render_markdown(report)
+    assert build_report(META, on.merged(off), off, [attempt], attempt)[field] == "off+on"
+    assert build_report(META, dry, dry, [attempt], attempt)[field] is None
+    assert f"{shown}:" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
 
 
 def test_a_job_of_no_products_reports_no_price_per_product():
