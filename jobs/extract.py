@@ -17,7 +17,7 @@ import sys
 
 from hpd_core.config import COMPILE_LAYERS, DEFAULT_MODEL, SKELETONS, SPANS, STEP_SHAPES, DecodeConfig, ModelConfig
 from jobs import CommandFailed, stop_cleanly_on_sigterm
-from pipelines.build import DEVICES, ResourceConfig
+from pipelines.devices import DEFAULT_DEVICE, DEVICES
 from pipelines.dryrun import FAILURE_MODES, DryRunConfig
 from pipelines.reader import ReadConfig
 from pipelines.report import CPU_PRICE_PER_HOUR, GPU_PRICE_PER_HOUR
@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"rows per chunk, the unit of work, commit and resume (default: {ReadConfig.chunk_rows})")
     parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU, or what the CPUs allow); "
                         "with --device gpu, the GPUs to ask an autoscaling cluster for (default 1)")
-    parser.add_argument("--device", choices=DEVICES, default=ResourceConfig.device,
+    parser.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE,
                         help="where the extract actors run: auto (the GPUs the cluster has at the start, else its CPUs), "
                         "gpu (one GPU per actor, waiting for an autoscaling cluster to start them), or cpu (default: auto)")
     parser.add_argument("--actor-restarts", type=int, metavar="N",

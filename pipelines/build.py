@@ -28,6 +28,7 @@ from typing import TextIO
 import ray
 
 from pipelines import attempts, commit, idindex, io, reader
+from pipelines.devices import DEFAULT_DEVICE, DEVICES
 from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
 from pipelines.prepare import PrepareConfig, prepare_shards
@@ -35,7 +36,6 @@ from pipelines.progress import ProgressConfig, ProgressCounter, ProgressLine
 from pipelines.report import ReportConfig, Stats, build_report, write_report
 
 log = logging.getLogger("hpd.extract")
-DEVICES = ("auto", "gpu", "cpu")  # ResourceConfig.device
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class ResourceConfig:
     store_chunks_per_actor: int = 8
     writes_per_worker: int = 256
     actor_restarts: int = 3
-    device: str = "auto"
+    device: str = DEFAULT_DEVICE
     gpu_wait_seconds: float = 1800.0
 
     def __post_init__(self) -> None:

@@ -202,6 +202,22 @@ def test_help_shows_every_default():
             assert "default" in (action.help or ""), action.option_strings
 
 
+def test_the_command_line_needs_no_ray_to_start():
+    """The GPU machine's image runs `hpd bench` without Ray: building the command line (every
+    subcommand's options, --device's choices included) must not import it."""
+    blocker = ("import sys\n"
+               "class Block:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name == 'ray' or name.startswith('ray.'):\n"
+               "            raise ImportError('no ray here')\n"
+               "sys.meta_path.insert(0, Block())\n"
+               "from jobs.cli import main\n"
+               "raise SystemExit(main(['bench', '--help']))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", blocker], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--synthetic" in done.stdout
+
+
 def test_summary_points_at_rejected_rows_only_when_there_are_some():
     base = {"run_id": "r", "rows_in": 3, "products_out": 3, "rows_rejected": 0, "rejected_by_stage": {},
             "rows_skipped": 0, "wall_seconds": 1.0, "attempts": 1}
