@@ -15,7 +15,8 @@
 #                                       # then again with --compile-layers on (auto leaves the small default model's
 #                                       # MLPs, norms and rotary embeddings eager), scored too: its decode time against the first
 # Writes under $OUT (./gpu-out elsewhere): e2e.txt (what ran, the comparison, the score), each job's
-# NAME.json (its _report.json), and the auto run's and the test set run's NAME.md (_report.md). Checked on a CPU: `bash scripts/gpu_e2e.sh selftest` (prepare, stage
+# NAME.json (its _report.json; not the reference's: 8 files in all, what the device returns), and the auto run's
+# and the test set runs' NAME.md (_report.md). Checked on a CPU: `bash scripts/gpu_e2e.sh selftest` (prepare, stage
 # every part and join them again) and `INSTALLED=1 LIMIT=4 PYTHON=.venv/bin/python bash
 # scripts/gpu_e2e.sh run` (the three jobs and the comparison, with the project's own environment).
 set -uo pipefail
@@ -142,6 +143,7 @@ same = sum(hpd.get(k) == v for k, v in ref.items())
 print(f"hpd == reference (float32): {same} of {len(ref)} values equal, {len(hpd)} hpd values"
       + ("" if same == len(ref) == len(hpd) else "  <-- DIFFERENT"))
 PY
+  rm -f "$OUT/reference-float32.json"  # the device returns at most 8 files; the oracle run is for the comparison above
   job hpd-auto --decoder hpd
   cp /tmp/hpd-e2e-out/hpd-auto/_report.md "$OUT/hpd-auto.md" 2>/dev/null
   if [[ -f $DATA/records.jsonl ]]; then  # the whole test set: a report of some size, and its score on the GPU
