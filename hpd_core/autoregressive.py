@@ -31,6 +31,7 @@ from hpd_core.stopping import token_text, token_texts
 from hpd_core.types import Request, Result
 
 ANSWER_SLACK_TOKENS = 8  # room for the closing braces after the last value
+NEVER = 2**62  # ARSession.first_bad: no token chosen from overflowed hidden states
 
 
 class AnswerScanner:
@@ -192,6 +193,7 @@ class ARSession(Session):
         self.fed = torch.zeros(rows, dtype=torch.long, device=dev)  # tokens each row has fed
         self.length = torch.zeros(rows, dtype=torch.long, device=dev)  # its prompt length
         self.budget = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.first_bad = torch.full((rows,), NEVER, dtype=torch.long, device=dev)  # see note_first_bad
         self.answers = None  # span decoding: the span rule of each answer (spans.AnswerSpans)
         if decoder.spans is not None:
             self.answers = [decoder.answer_spans(r) for r in requests]
@@ -207,6 +209,7 @@ class ARSession(Session):
         self.length[rows_t] = torch.tensor([len(self.prompts[i].ids) for i in items], device=dev)
         self.budget[rows_t] = torch.tensor([self.budgets[i] for i in items], device=dev)
         self.fed[rows_t] = 0
+        self.first_bad[rows_t] = NEVER
         self.recent[rows_t] = -1  # fixed steps after the row's last prompt ended: not this prompt's tokens
         for row, item in zip(rows, items):
             self.append_at[row] = len(self.prompts[item].ids)
@@ -278,10 +281,10 @@ class ARSession(Session):
         index = torch.tensor([self.append_at[row] for row in busy], device=r.device)
         hidden = self.runner.forward(self.cache, r, index, self.last[r], self.length[r] + self.fed[r],
                                      torch.zeros_like(r), end=int(index.max()) + 1)  # fmt: skip
-        self.note_finite(hidden, r)
         for row in busy:
             self.append_at[row] += 1
         self.fed[r] += 1
+        self.note_first_bad(hidden, r, self.fed[r])
         items = [self.item[row] for row in busy]
         tokens = self.choose(hidden, items, [len(self.generated[i]) for i in items])
         self.last[r] = tokens
@@ -296,8 +299,8 @@ class ARSession(Session):
         index = torch.where(live, self.L + self.fed, self.cache.scratch)
         hidden = self.runner.forward(self.cache, r, index, self.last, self.length + self.fed, torch.zeros_like(r),
                                      end=self.cache.capacity, present=live, grid=(R, 1))  # fmt: skip
-        self.note_finite(hidden, r, live)
         self.fed += live
+        self.note_first_bad(hidden, r, self.fed, live)
         index = self.fed.tolist() if self.forced is not None else [0] * R  # forcing is a test tool
         tokens = self.choose(hidden, self.item, index, live.tolist() if self.answers is not None else None)
         self.last.copy_(torch.where(live, tokens, self.last))
@@ -325,12 +328,21 @@ class ARSession(Session):
     def outputs(self, rows: list[int], items: list[int]) -> list:
         for row in rows:
             self.budget[row] = 0
-        overflows = self.overflows[torch.tensor(rows, device=self.decoder.device)].tolist()
-        return [(*self.ends[item], bad) for item, bad in zip(items, overflows)]
+        first_bad = self.first_bad[torch.tensor(rows, device=self.decoder.device)].tolist()
+        return [(*self.ends[item], first) for item, first in zip(items, first_bad)]
+
+    def note_first_bad(self, hidden: torch.Tensor, rows: torch.Tensor, index: torch.Tensor, fed=None) -> None:
+        """Per row, the first answer token (``index``) chosen from hidden states that hold NaN or
+        infinity (``fed`` of the rows; None: all). The step's rows are distinct. Fixed steps run on
+        past a row's end until the next check, so what counts is whether that token is one the host
+        read (``parse``), not whether any step overflowed."""
+        bad = ~torch.isfinite(hidden).all(-1)
+        bad = bad if fed is None else bad & fed
+        self.first_bad[rows] = torch.minimum(self.first_bad[rows], torch.where(bad, index, NEVER))
 
     def parse(self, item: int, outputs) -> Result:
-        n, complete, overflows = outputs
-        if overflows:
+        n, complete, first_bad = outputs
+        if first_bad < len(self.generated[item]):  # a token of its answer (or the one that ended it)
             reason = self.runner.overflow_reason(" while decoding")
             return error_result(self.requests[item], self.decoder.name, reason, len(self.prompts[item].ids))
         return make_result(self.decoder.name, self.decoder.tokenizer, self.requests[item], len(self.prompts[item].ids),

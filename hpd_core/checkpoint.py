@@ -30,14 +30,18 @@ def save(directory: Path, model, optimizer, scheduler, report, epoch: int, micro
         "micro": micro,
         "python_rng": rng_state,
         "torch_rng": torch.get_rng_state(),
-        # dropout on a GPU draws from the CUDA generators: restored too, so a resumed run on a GPU
-        # is the uninterrupted one (None on a machine without CUDA)
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # dropout on a GPU draws from that device's CUDA generator: restored too, so a resumed run on
+        # a GPU is the uninterrupted one (training runs on the model's one device; None on a CPU)
+        "cuda_rng": torch.cuda.get_rng_state(_device(model)) if _device(model).type == "cuda" else None,
     }
     tmp = directory / (FILE + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, directory / FILE)
     return directory / FILE
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 def load(directory: Path) -> dict | None:
@@ -67,6 +71,6 @@ def restore(state: dict, model, optimizer, scheduler, report) -> tuple[int, int,
     for key, value in state["report"].items():
         setattr(report, key, value)
     torch.set_rng_state(state["torch_rng"])
-    if state.get("cuda_rng") is not None and torch.cuda.is_available():  # checkpoints before 2026-11-29 have none
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if state.get("cuda_rng") is not None and _device(model).type == "cuda":  # none before 2026-11-29
+        torch.cuda.set_rng_state(state["cuda_rng"], _device(model))
     return state["epoch"], state["micro"], state["python_rng"]

@@ -36,6 +36,7 @@ class Preflight:
     existing_run: str | None  # run id of the job already in the output
     complete: bool  # the same job is already finished (its report exists): nothing to do
     arguments: dict  # the job's arguments and what its model and adapter are (``model_files``), for _job.json
+    run_id: str  # the job's run id (the output's own where it was started under a former one)
 
 
 def hub_cache() -> Path:
@@ -157,7 +158,10 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     existing, has_files = commit.existing_job(output)
     if has_files and existing is None:
         raise ValueError(f"--output {output} holds files that are not an hpd extract output; give a new or empty folder")
-    same = existing is not None and existing.get("run_id") == config.output.run_id
+    run_id = config.output.run_id
+    if existing is not None and existing.get("run_id") in config.former_run_ids:
+        run_id = existing["run_id"]  # the same job, started by an earlier version: resumed under its id
+    same = existing is not None and existing.get("run_id") == run_id
     if existing is not None and not same and not args.overwrite:
         raise ValueError(conflict_message(output, existing, config.arguments, args))
     if same and not args.overwrite:
@@ -174,4 +178,4 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     if same and not args.overwrite and io.exists(io.join(output, "_report.json")):
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
-    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments)
+    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id)

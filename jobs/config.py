@@ -15,7 +15,7 @@ import argparse
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from hpd_core.config import DecodeConfig
 from pipelines.build import ResourceConfig
@@ -40,6 +40,13 @@ class JobConfig:
     skip_existing: str | None
     address: str | None
     arguments: dict  # what defines the run (hashed into run_id), recorded in _job.json
+    # the run ids this same job had before 2026-11-29, when a typed default (--model default,
+    # --dtype auto) was part of the identity: an output started then resumes under its own id
+    former_run_ids: tuple[str, ...] = ()
+
+    def as_run(self, run_id: str) -> JobConfig:
+        """This job under ``run_id`` (one of ``former_run_ids``: the id its output was started with)."""
+        return replace(self, extract=replace(self.extract, run_id=run_id), output=replace(self.output, run_id=run_id))
 
 
 MODEL_DEFAULTS = {"model_uri": ExtractConfig.model_uri, "dtype": ExtractConfig.dtype}
@@ -133,6 +140,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     if args.decoder == DRY_RUN and dry_run.failures:  # they decide which rows are rejected
         arguments["dry_run_failures"] = [list(failure) for failure in dry_run.failures]
     run_id = run_id_for(arguments)
+    typed = run_id_for({**arguments, "model": model})  # the identity before typed defaults were dropped
     extract = ExtractConfig(
         decoder=args.decoder,
         schema=schema,
@@ -152,4 +160,5 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         skip_existing=skip_existing,
         address=args.address,
         arguments=arguments,
+        former_run_ids=(typed,) if typed != run_id else (),
     )

@@ -218,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
     plan = preflight(config, args)  # every check; nothing written yet
+    if plan.run_id != config.output.run_id:
+        config = config.as_run(plan.run_id)
     if config.address is None and config.extract.decoder != DRY_RUN:  # actors on this machine
         from hpd_core.models import emulated_dtype_warning
 

@@ -185,7 +185,7 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
     folder.mkdir(parents=True, exist_ok=True)
     if Path(sources.records).suffix.lower() == ".parquet":  # written as JSON lines, what hpd extract reads too
         rows = [r for r in gold.read_records(Path(sources.records)) if isinstance(r, dict) and r.get("product_id") in ids]
-        (folder / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        (folder / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows), encoding="utf-8")
     for source, name in ((sources.records, "records.jsonl"), (sources.gold, "gold.jsonl")):
         if not Path(source).is_file() or Path(source).suffix.lower() == ".parquet":
             continue

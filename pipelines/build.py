@@ -400,36 +400,38 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     # are not done again): no more actors, nor tasks that write, than that
     chunks = sum(max(1, -(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows)
                      - len(state.done.get(shard.shard_id, ()))) for shard, idx in todo)
-    if resources.device == "gpu":
-        await_gpus(resources, chunks)
-    sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)
-    bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
-    log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
-             len(shards), len(state.manifests), sizing.actors, sizing.device)
-    rows = sum(min(idx.rows, shard.max_rows or idx.rows) for shard, idx in todo)  # at most; less when resumed
-    extract = extract.sized_for(rows / sizing.actors)
-    attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
-    heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
-    counter = ProgressCounter.remote()
-    try:
-        previous = _committed(state.manifests, resources.io_cpus)
-        this_run = Stats()
-        if shards:
-            line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress)
-            line.start()
-            finished = False
-            try:
-                ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
-                this_run = _stream(ds, line)
-                finished = True
-            finally:
-                line.stop(final=finished)
+    try:  # from the request for GPUs on, withdrawn however the job ends (an autoscaler keeps a request)
+        if resources.device == "gpu":
+            await_gpus(resources, chunks)
+        sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)
+        bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
+        log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
+                 len(shards), len(state.manifests), sizing.actors, sizing.device)
+        rows = sum(min(idx.rows, shard.max_rows or idx.rows) for shard, idx in todo)  # at most; less when resumed
+        extract = extract.sized_for(rows / sizing.actors)
+        attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
+        heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
+        counter = ProgressCounter.remote()
+        try:
+            previous = _committed(state.manifests, resources.io_cpus)
+            this_run = Stats()
+            if shards:
+                line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress)
+                line.start()
+                finished = False
+                try:
+                    ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
+                    this_run = _stream(ds, line)
+                    finished = True
+                finally:
+                    line.stop(final=finished)
+        finally:
+            ray.kill(counter)
+            attempt = heartbeat.stop()
+        total = previous.merged(this_run)
+        meta = _meta(prepare, extract, output, skip_existing)
+        result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)
+        write_report(output.uri, result)
+        return result
     finally:
-        ray.kill(counter)
-        attempt = heartbeat.stop()
         release_gpus(resources)
-    total = previous.merged(this_run)
-    meta = _meta(prepare, extract, output, skip_existing)
-    result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)
-    write_report(output.uri, result)
-    return result

@@ -579,6 +579,34 @@ def test_a_prompt_whose_steps_overflow_is_an_error_result(models, tokenizer, dec
         assert results[i].values == clean[i].values
 
 
+def test_the_baseline_ignores_overflow_in_fixed_steps_past_an_answers_end(models, tokenizer):
+    """Fixed steps run on past a row's end until the next check (every check_every steps): hidden
+    states that overflow only there choose no token of the answer, which stays as it was."""
+    from hpd_core.layout import encode
+
+    config = DecodeConfig(max_value_tokens=4, max_batch_size=2, step_shape="fixed", check_every=4, prefix_cache=0)
+    decoder = make_decoder("ar", models["llama"], tokenizer, config)
+    rng = random.Random(92)
+    requests = [random_request(rng, 1, 2) for _ in range(2)]
+    prompts = [decoder.prompt_ids(r) for r in requests]
+    answer = encode(tokenizer, '  "1": {\n    "a": "x",\n    "b": null\n  }\n}')
+    forced = [[tokenizer.eos_token_id], answer]  # the first ends at once, the second takes steps
+    clean = decoder.decode_batch(requests, prompts, [40, 40], forced=forced)
+    forward, steps = decoder.runner.forward, []
+
+    def late_nan(cache, rows, *args, kind="step", **kwargs):  # row 0 overflows in its steps only
+        hidden = forward(cache, rows, *args, kind=kind, **kwargs)
+        if kind == "step":
+            steps.append(True)
+            return hidden.masked_fill((rows == 0)[:, None], float("nan"))
+        return hidden
+
+    decoder.runner.forward = late_nan
+    results = decoder.decode_batch(requests, prompts, [40, 40], forced=forced)
+    assert steps and all(r.error is None for r in results)  # row 0's prompt ended before any step
+    assert [r.extra["text"] for r in results] == [r.extra["text"] for r in clean]
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral-swa"])
 @pytest.mark.parametrize("decoder_name", ["hpd", "ar"])
 def test_prefill_in_forwards_of_few_tokens_equals_one_forward(models, tokenizer, arch, decoder_name):

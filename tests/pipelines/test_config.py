@@ -153,6 +153,23 @@ def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     assert packed.output.run_id != config.output.run_id
 
 
+def test_an_output_started_with_a_typed_default_before_resumes_under_its_own_id(tmp_path):
+    """Until 2026-11-29 a typed --model default was part of the identity: such an output, resumed
+    with the same command, is the same job under the run id it was started with."""
+    from jobs.checks import preflight
+    from pipelines import commit
+
+    args = parse("--output", tmp_path / "out", "--model", "default", "--decoder", "dry-run")
+    config = from_args(args)
+    (former,) = config.former_run_ids
+    assert former != config.output.run_id and from_args(parse("--output", tmp_path / "out")).former_run_ids == ()
+    commit.claim_output(config.output.uri, former, {**config.arguments, "model": {"model_uri": "default"}})
+    args.overwrite = False
+    plan = preflight(config, args)
+    assert plan.run_id == former == plan.existing_run  # a resume, not another job
+    assert config.as_run(plan.run_id).extract.run_id == config.as_run(plan.run_id).output.run_id == former
+
+
 def test_typing_a_default_model_or_dtype_is_the_same_job(tmp_path):
     """--model default or --dtype auto, typed, give the run id of leaving them out (before, a job
     resumed with the default typed was refused as a different job); another dtype is another job."""

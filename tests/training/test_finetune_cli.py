@@ -223,8 +223,12 @@ def test_parquet_records_train_and_their_held_out_products_become_a_validation_f
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    import datetime
+
     records = [json.loads(line) for line in (data_dir / "records.jsonl").read_text().splitlines()]
-    pq.write_table(pa.Table.from_pylist(records), tmp_path / "records.parquet")
+    table = pa.Table.from_pylist(records)  # with a column JSON cannot hold as it is
+    table = table.append_column("listed", pa.array([datetime.datetime(2026, 11, 29)] * len(records)))
+    pq.write_table(table, tmp_path / "records.parquet")
     out = tmp_path / "run"
     argv = ["finetune", "--train", str(tmp_path / "records.parquet"), "--attributes", str(data_dir / "attributes.json"),
             "--gold", str(data_dir / "gold.jsonl"), "--model", str(model_dir), "--out", str(out),
@@ -233,11 +237,12 @@ def test_parquet_records_train_and_their_held_out_products_become_a_validation_f
     kept = [json.loads(line) for line in (out / "validation" / "records.jsonl").read_text().splitlines()]
     gold_ids = [json.loads(line)["product_id"] for line in (out / "validation" / "gold.jsonl").read_text().splitlines()]
     assert kept and sorted(r["product_id"] for r in kept) == sorted(gold_ids)
-    assert all(r in records for r in kept)
+    assert all({k: v for k, v in r.items() if k != "listed"} in records for r in kept)
+    assert {r["listed"] for r in kept} == {"2026-11-29 00:00:00"}
 
 
 def test_options_set_to_zero_are_values_not_defaults():
-    """--warmup-ratio 0 (no warm-up), --lora-dropout 0, --weight-decay 0 reach the run's config
+    """--warmup-ratio 0 (no warm-up), --lora-dropout 0 and --seed 0 reach the run's config
     (before, a 0 was taken for 'not given' and the default trained instead); a gradient norm of 0,
     which would zero every gradient, is refused."""
     import argparse
