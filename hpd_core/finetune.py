@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -273,6 +274,7 @@ def train(
                 report.tokens += tokens
             report.label_tokens += n_labels
             torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            step_lr = scheduler.get_last_lr()[0]  # the rate this step trains at (logged below)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -285,7 +287,7 @@ def train(
             report.epochs = epoch + (first_micro + len(group)) / len(micro)
             if report.steps % config.log_every == 0 or report.steps == total:
                 log.info("step %d/%d epoch %.2f loss %.4f lr %.2e %.0f tokens/s %.2f s/step, %s to go",
-                         report.steps, total, report.epochs, step_loss, scheduler.get_last_lr()[0],
+                         report.steps, total, report.epochs, step_loss, step_lr,
                          window_tokens / window_seconds, report.seconds / report.steps,
                          remaining(total - report.steps, window_seconds / window_steps))
                 window_tokens, window_seconds, window_steps = 0, 0.0, 0
@@ -327,3 +329,14 @@ def save(model, tokenizer, out_dir: Path, full: bool) -> None:
     model.save_pretrained(out_dir)
     if full:
         tokenizer.save_pretrained(out_dir)
+    readable(out_dir)
+
+
+def readable(folder: Path) -> None:
+    """The files of ``folder`` with the usual permissions (0644 under umask 022): safetensors writes
+    its files through a private temporary file (0600), which others who run the jobs could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~umask)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from datafiles.dataset import RECORDS_FILE, read_attributes, read_gold, read_records
@@ -40,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs-per-prompt", type=int, metavar="J",
                         help="J the predictions were made with, for the leakage figure (default: from their _report.json)")
     parser.add_argument("--no-write", action="store_true", help="do not write _evaluation.{json,md} next to the predictions")
+    parser.add_argument("--predicted-only", action="store_true",
+                        help="score only the gold products the predictions hold (a job on part of the input, such as the "
+                        "quickstart's sample); without it, a gold product with no prediction counts as all misses")
     parser.add_argument("--compare", metavar="URI",
                         help="another run's output on the same products: add a paired bootstrap of the micro F1 "
                         "difference (--predictions minus this; evaluation/compare.py)")
@@ -71,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
     attributes = read_attributes(args.attributes) if args.attributes else None
     predictions = read_predictions(args.predictions)
     check_ids_match(predictions.values, gold, args.predictions, args.gold)
+    unpredicted = sum(1 for example in gold if example.product_id not in predictions.values)
+    if args.predicted_only:
+        gold = [example for example in gold if example.product_id in predictions.values]
+    elif unpredicted:
+        print(f"hpd evaluate: warning: {unpredicted} of {len(gold)} gold products have no predictions in "
+              f"{args.predictions} and count as misses (a job on part of the input? --predicted-only scores the "
+              f"{len(gold) - unpredicted} predicted ones)", file=sys.stderr)
     result = evaluate(predictions, gold, attributes)
     extra = {"predictions": args.predictions, "gold": args.gold, "attributes": args.attributes}
     leak = _leakage(args, predictions)

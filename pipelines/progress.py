@@ -1,4 +1,4 @@
-"""Live progress of a running job on one line: products done / total, products/s and ETA.
+"""Live progress of a running job on one line: input rows done / total, rows/s and ETA.
 
 ```
 extract actors ──start/add (as each prompt finishes)──▶ ProgressCounter (actor, 0 CPU)
@@ -73,16 +73,17 @@ def duration(seconds: float) -> str:
 
 
 def render(done: int, total: int | None, exact: bool, rate: float | None, elapsed: float, decoding: int = 0) -> str:
-    """The progress line (without a newline). ``decoding``: products in decoder calls under way."""
+    """The progress line (without a newline), in input rows (a rejected row counts as done, as the
+    total counts it). ``decoding``: products in decoder calls under way."""
     tilde = "" if exact else "~"
     if total:
         share = min(100, int(100 * done / total))
-        line = f"extract: {done}/{tilde}{total} products ({share}%)"
+        line = f"extract: {done}/{tilde}{total} rows ({share}%)"
     else:
-        line = f"extract: {done} products"
+        line = f"extract: {done} rows"
     if rate is None:
         return f"{line}, starting (loading the model), {duration(elapsed)} elapsed"
-    line += f", {rate:.2f} products/s"
+    line += f", {rate:.2f} rows/s"
     if total and rate > 0 and done < total:
         line += f", ETA {tilde}{duration((total - done) / rate)}"
     if decoding:

@@ -228,8 +228,8 @@ def validate_record(record: object, schema: AttributeSchema, config: ValidationC
         return features
     if len(fields["product_id"]) > config.max_id_chars:
         return Rejected(f"product_id longer than {config.max_id_chars} characters")
-    if fields["category"] not in schema.categories:
-        return Rejected("unknown category")
+    if fields["category"] not in schema.categories:  # named: a typo in the records or a category the schema lacks
+        return Rejected(f"unknown category {fields['category'][:100]!r} (not in the attribute schema, --attributes)")
     size = len(fields["title"]) + len(description or "") + sum(len(f) for f in features)
     truncated = size > config.max_text_chars
     title = fields["title"]

