@@ -167,8 +167,10 @@ def render_value(value: str | None, terminator: str) -> str:
 def parse_value(text: str, finished: bool) -> Value:
     """Parse one slot's generated text (value + terminator) into a Value.
 
-    ``finished`` is False when the slot was cut at K_max (or the model emitted an end token);
-    the value is then the best partial reading and flagged ``truncated``.
+    ``finished`` is False when the slot was cut at K_max; the value is then the best partial
+    reading and flagged ``truncated``. An end token ends a slot as its terminator would (the engine
+    counts it complete): what was written before it is read as it is, and a string it leaves open
+    is truncated.
     """
     stripped = text.lstrip()
     truncated = not finished
@@ -177,7 +179,8 @@ def parse_value(text: str, finished: bool) -> Value:
         if end is None:  # string never closed
             partial = stripped[1:]
             try:
-                return Value(_empty_to_none(json.loads('"' + partial.rstrip("\\") + '"')), truncated=True)
+                whole = partial[:-1] if _dangling_escape(partial) else partial  # a cut escape, not "\\\\"
+                return Value(_empty_to_none(json.loads('"' + whole + '"')), truncated=True)
             except json.JSONDecodeError:
                 return Value(_empty_to_none(partial), truncated=True, parse_error=True)
         try:  # a closed string is a complete value, even if its terminator was cut off
@@ -199,6 +202,11 @@ def parse_value(text: str, finished: bool) -> Value:
     if isinstance(parsed, (dict, list)):
         return Value(None, truncated=truncated, parse_error=True)
     return Value(bare, truncated=truncated)  # a number or true/false as written: "10.50", not "10.5"
+
+
+def _dangling_escape(text: str) -> bool:
+    """Whether ``text`` ends in an escape's lone backslash (an odd run of them)."""
+    return (len(text) - len(text.rstrip("\\"))) % 2 == 1
 
 
 def closing_quote(text: str) -> int | None:

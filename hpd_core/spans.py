@@ -23,6 +23,7 @@ of a character, decoded as U+FFFD) and special tokens are never allowed.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -55,6 +56,19 @@ def field_texts(fields) -> tuple[str, ...]:
     return tuple(json.dumps(f, ensure_ascii=False)[1:-1] for f in fields if f)
 
 
+@functools.lru_cache(maxsize=4096)
+def boundaries(text: str) -> frozenset[int]:
+    """The places in a field's JSON-escaped text (``field_texts``) where one of the field's own
+    characters begins, and its end: a span starts and ends only there, never inside an escape
+    (``\\n``, ``\\"``, ``\\u0002``), which would read as another character or none."""
+    found, i = set(), 0
+    while i < len(text):
+        found.add(i)
+        i += (6 if text[i + 1 : i + 2] == "u" else 2) if text[i] == "\\" else 1
+    found.add(len(text))
+    return frozenset(found)
+
+
 def _escaped(content: str) -> bool:
     """Whether a quote after ``content`` is escaped (an odd run of backslashes ends it)."""
     return (len(content) - len(content.rstrip("\\"))) % 2 == 1
@@ -72,11 +86,13 @@ def step(state: State, ch: str, texts: tuple[str, ...]) -> State | None:
             return State(STRING)
         return State(NULL, ch) if NULL_TEXT.startswith(ch) else None
     if mode == STRING:
-        if ch == '"' and not _escaped(content):
-            return State(AFTER) if content else None
         n = len(content)
-        if state.places is None:
-            places = tuple((f, i) for f, text in enumerate(texts) for i, c in enumerate(text) if c == ch)
+        if ch == '"' and not _escaped(content):  # the span ends: where one of the field's characters ends
+            ends = content and any(i + n in boundaries(texts[f]) for f, i in state.places)
+            return State(AFTER) if ends else None
+        if state.places is None:  # the span begins: where one of the field's characters begins
+            places = tuple((f, i) for f, text in enumerate(texts) for i, c in enumerate(text)
+                           if c == ch and i in boundaries(text))  # fmt: skip
         else:
             places = tuple((f, i) for f, i in state.places if texts[f][i + n : i + n + 1] == ch)
         return State(STRING, content + ch, places) if places else None
@@ -188,18 +204,19 @@ class SpanText:
         found: set[int] = set()
         n = len(state.content)
         places = state.places
-        if places is None:  # nothing read yet: a span may start anywhere
-            places = tuple((f, i) for f, text in enumerate(texts) for i in range(len(text)))
-        if n:  # the string closes right away (the content is not escaped: above)
-            found.update(v.closers.get("", ()))
+        if places is None:  # nothing read yet: a span may start where any of the fields' characters does
+            places = tuple((f, i) for f, text in enumerate(texts) for i in sorted(boundaries(text)) if i < len(text))
+        if n and any(i + n in boundaries(texts[f]) for f, i in places):  # the string closes right away
+            found.update(v.closers.get("", ()))  # (the content is not escaped: above)
         for f, i in places:
             after = texts[f][i + n : i + n + MAX_TOKEN_CHARS]
+            ends = boundaries(texts[f])
             for k in range(1, len(after) + 1):
                 piece = after[:k]
                 if piece not in v.prefixes:
                     break
                 found.update(v.by_text.get(piece, ()))
-                if piece in v.closers and not _escaped(state.content + piece):
+                if piece in v.closers and i + n + k in ends and not _escaped(state.content + piece):
                     found.update(v.closers[piece])
         return sorted(found)
 
@@ -208,11 +225,22 @@ def _opening_ok(rest: str, texts: tuple[str, ...]) -> bool:
     """Whether '"' + rest (a token's text after its leading whitespace and quote) is valid from START."""
     cut = _closing(rest)
     if cut is None:
-        return any(rest in text for text in texts)  # rest is not empty: '"' alone is in ``start``
+        return any(_occurs(rest, text, closed=False) for text in texts)  # rest is not empty: '"' alone is in ``start``
     piece = rest[:cut]
-    if not piece or _escaped(piece) or not any(piece in text for text in texts):
+    if not piece or _escaped(piece) or not any(_occurs(piece, text, closed=True) for text in texts):
         return False
     return walk(State(AFTER), rest[cut + 1 :], ()) is not None
+
+
+def _occurs(piece: str, text: str, closed: bool) -> bool:
+    """Whether ``piece`` occurs in ``text`` from one of its characters' beginnings (and, ``closed``,
+    up to one's end): where a span may begin (and end), as ``step`` reads it."""
+    ends, start = boundaries(text), text.find(piece)
+    while start >= 0:
+        if start in ends and (not closed or start + len(piece) in ends):
+            return True
+        start = text.find(piece, start + 1)
+    return False
 
 
 class SpanSlot:

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from hpd_core.prompts import parse_value
-from hpd_core.spans import DONE, START, STRING, SpanVocabulary, State, walk
+from hpd_core.spans import DONE, START, STRING, SpanVocabulary, State, field_texts, walk
 from hpd_core.types import Product
 
 from .conftest import WORDS, random_text
@@ -15,6 +15,7 @@ TEXTS = [
     ("acme red shoe, size 10 D US",),
     ('say "quoted" back\\slash and café',),  # JSON escapes and a non-ASCII character
     ("nike 500 ml", "pack of 12", "women's cotton"),  # title, description, a feature
+    ("jacket\nColor: Red", "Size 10\tBlue C:\\bin", "Model X\x0212"),  # escapes a span must not cut
 ]
 
 
@@ -79,6 +80,20 @@ def test_every_finished_value_is_a_span_of_its_products_text(tokenizer):
             assert not value.parse_error and not value.truncated
             assert value.value is None or any(value.value in f for f in fields if f), (value, fields)
     assert finished > 100
+
+
+def test_a_span_neither_begins_nor_ends_inside_an_escape():
+    """JSON writes a newline as \\n, a tab as \\t, a backslash as \\\\ and a control character as
+    \\u0002: a span that began after the backslash or ended before the escape's end would read as
+    another character ("nColor", a backspace) or none. Before, the rule allowed both."""
+    texts = field_texts(("Waterproof jacket\nColor: Red", "Size 10\tBlue", "Path C:\\bin", "Model X\x0212"))
+    for value in ('"nColor: Red",', '"tBlue",', '"\\bin",', '"Model X\\u00",', '"Model X\\u0",'):
+        assert walk(State(), " " + value, texts) is None, value
+    for value in ('"Color: Red",', '"jacket\\nColor",', '"Blue",', '"C:\\\\bin",', '"Model X\\u000212",', '"bin",'):
+        after = walk(State(), " " + value, texts)
+        assert after is not None and after.mode == DONE, value
+        parsed = parse_value(" " + value, finished=True).value
+        assert any(parsed in f for f in ("Waterproof jacket\nColor: Red", "Size 10\tBlue", "Path C:\\bin", "Model X\x0212"))
 
 
 def test_a_text_no_token_can_start_opens_no_string(tokenizer):

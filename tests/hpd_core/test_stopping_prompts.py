@@ -114,6 +114,8 @@ def test_parse_value_cases():
     assert parse_value(" Acme,", True) == Value(None, parse_error=True)
     assert parse_value(" 12,", True) == Value("12")
     assert parse_value(" true,", True) == Value("true")
+    assert parse_value(' "C:\\\\', False) == Value("C:\\", truncated=True)  # a whole escaped backslash stays
+    assert parse_value(' "C:\\', False) == Value("C:", truncated=True)  # a cut escape goes
     for number in ("10.50", "0.10", "1e3", "1E400", "-0", "NaN"):  # copied as written, not recomputed
         assert parse_value(f" {number},", True) == Value(number)
     assert parse_value(' "",', True) == Value(None)
