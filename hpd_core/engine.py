@@ -147,6 +147,8 @@ class HPDSession(Session):
         self.force = full(pad, S, K) if forced is not None else None
         self.recorded = torch.zeros((rows, S, K, decoder.runner.vocab_size), device=dev) if record else None
         self.steps_since_check = 0
+        # per row: the decode steps' queries whose hidden states held NaN or infinity (``note_finite``)
+        self.overflows = full(0)
         self.replay_fixed_steps(cfg, host_step=record or decoder.spans is not None)
         self.span_slots: list[list] = [[] for _ in range(rows)]  # span decoding: each row's SpanSlots
 
@@ -188,11 +190,20 @@ class HPDSession(Session):
         self.active[rows_t] = False
         self.step_of[rows_t] = 1
         self.passes[rows_t] = 1
+        self.overflows[rows_t] = 0
         self.tokens[r, s] = new
         self.out[r, s, 0] = new
         self.n_gen[r, s] = 1
         self.state[r, s] = self.decoder.table[START, new]
         self.active[r, s] = self.unfinished(self.state[r, s]) & (self.limit[r, s] > 1)
+
+    def note_finite(self, hidden: torch.Tensor, rows: torch.Tensor, fed: torch.Tensor | None = None) -> None:
+        """Count, per row, a step's queries (``fed`` of them; None: all) whose hidden states hold NaN
+        or infinity: on the device, no synchronisation. A prompt's prefill is checked once at its
+        start (``runner.finite``, which raises); a prompt whose steps overflowed later comes out as
+        an error result (``parse``), so a model that overflows writes no noise as values."""
+        bad = ~torch.isfinite(hidden).all(-1)
+        self.overflows.index_add_(0, rows, (bad if fed is None else bad & fed).long())
 
     def unfinished(self, state: torch.Tensor) -> torch.Tensor:
         """Which slots' values go on: not complete yet (stopping.py); when teacher forcing, every

@@ -179,7 +179,7 @@ def parse_value(text: str, finished: bool) -> Value:
         if end is None:  # string never closed
             partial = stripped[1:]
             try:
-                whole = partial[:-1] if _dangling_escape(partial) else partial  # a cut escape, not "\\\\"
+                whole = partial[:-1] if dangling_escape(partial) else partial  # a cut escape, not "\\\\"
                 return Value(_empty_to_none(json.loads('"' + whole + '"')), truncated=True)
             except json.JSONDecodeError:
                 return Value(_empty_to_none(partial), truncated=True, parse_error=True)
@@ -204,8 +204,9 @@ def parse_value(text: str, finished: bool) -> Value:
     return Value(bare, truncated=truncated)  # a number or true/false as written: "10.50", not "10.5"
 
 
-def _dangling_escape(text: str) -> bool:
-    """Whether ``text`` ends in an escape's lone backslash (an odd run of them)."""
+def dangling_escape(text: str) -> bool:
+    """Whether ``text`` ends in an escape's lone backslash (an odd run of them): a quote after it
+    would be escaped."""
     return (len(text) - len(text.rstrip("\\"))) % 2 == 1
 
 

@@ -59,8 +59,6 @@ class Session:
         self.prompts = prompts
         self.rows = rows
         self.cache: RowCache = runner.new_cache(rows, capacity)
-        # per row: the decode steps' queries whose hidden states held NaN or infinity (``note_finite``)
-        self.overflows = torch.zeros(rows, dtype=torch.long, device=runner.device)
         self.queue = deque(range(len(prompts)))
         self.item: list[int | None] = [None] * rows  # the prompt each row decodes
         self.results: dict[int, object] = {}
@@ -90,9 +88,7 @@ class Session:
         if not taken:
             return
         rows = [row for row, _ in taken]
-        rows_t = torch.tensor(rows, device=self.runner.device)
-        self.cache.clear_rows(rows_t)
-        self.overflows[rows_t] = 0
+        self.cache.clear_rows(torch.tensor(rows, device=self.runner.device))
         for row, item in taken:
             self.item[row] = item
             prompt = self.prompts[item]
@@ -100,14 +96,6 @@ class Session:
                 self.cache.copy_prefix(row, self.prefix(prompt.ids[: prompt.prefix]))
         hidden = self.prefill([self.prompts[item] for _, item in taken], rows)
         self.start(rows, [item for _, item in taken], hidden)
-
-    def note_finite(self, hidden: torch.Tensor, rows: torch.Tensor, fed: torch.Tensor | None = None) -> None:
-        """Count, per row, a step's queries (``fed`` of them; None: all) whose hidden states hold NaN
-        or infinity: on the device, no synchronisation. A prompt's prefill is checked once at its
-        start (``runner.finite``, which raises); a prompt whose steps overflowed later comes out as
-        an error result (``parse``), so a model that overflows writes no noise as values."""
-        bad = ~torch.isfinite(hidden).all(-1)
-        self.overflows.index_add_(0, rows, (bad if fed is None else bad & fed).long())
 
     def prefill(self, prompts: list[Prompt], rows: list[int]) -> list[torch.Tensor]:
         """The prompts' tokens after their prefixes, into ``rows``, in forwards of at most the

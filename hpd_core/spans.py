@@ -27,7 +27,7 @@ import functools
 import json
 from dataclasses import dataclass
 
-from hpd_core.prompts import OPEN, OTHER, QUOTE, TERMINATORS, TEXT, JsonCursor, closing_quote
+from hpd_core.prompts import OPEN, OTHER, QUOTE, TERMINATORS, TEXT, JsonCursor, closing_quote, dangling_escape
 from hpd_core.stopping import WHITESPACE, token_texts
 
 START, STRING, NULL, AFTER, DONE = range(5)
@@ -69,10 +69,6 @@ def boundaries(text: str) -> frozenset[int]:
     return frozenset(found)
 
 
-def _escaped(content: str) -> bool:
-    """Whether a quote after ``content`` is escaped (an odd run of backslashes ends it)."""
-    return (len(content) - len(content.rstrip("\\"))) % 2 == 1
-
 
 def step(state: State, ch: str, texts: tuple[str, ...]) -> State | None:
     """The state after one more character, or None if the rule forbids it."""
@@ -87,7 +83,7 @@ def step(state: State, ch: str, texts: tuple[str, ...]) -> State | None:
         return State(NULL, ch) if NULL_TEXT.startswith(ch) else None
     if mode == STRING:
         n = len(content)
-        if ch == '"' and not _escaped(content):  # the span ends: where one of the field's characters ends
+        if ch == '"' and not dangling_escape(content):  # the span ends: where one of the field's characters ends
             ends = content and any(i + n in boundaries(texts[f]) for f, i in state.places)
             return State(AFTER) if ends else None
         if state.places is None:  # the span begins: where one of the field's characters begins
@@ -199,7 +195,7 @@ class SpanText:
             return v.finishers
         if state.mode != STRING:
             return []
-        if _escaped(state.content):  # the next character is escaped: rare (a backslash in the text)
+        if dangling_escape(state.content):  # the next character is escaped: rare (a backslash in the text)
             return [i for i, t in v.usable if walk(state, t, texts) is not None]
         found: set[int] = set()
         n = len(state.content)
@@ -216,7 +212,7 @@ class SpanText:
                 if piece not in v.prefixes:
                     break
                 found.update(v.by_text.get(piece, ()))
-                if piece in v.closers and i + n + k in ends and not _escaped(state.content + piece):
+                if piece in v.closers and i + n + k in ends and not dangling_escape(state.content + piece):
                     found.update(v.closers[piece])
         return sorted(found)
 
@@ -227,7 +223,7 @@ def _opening_ok(rest: str, texts: tuple[str, ...]) -> bool:
     if cut is None:
         return any(_occurs(rest, text, closed=False) for text in texts)  # rest is not empty: '"' alone is in ``start``
     piece = rest[:cut]
-    if not piece or _escaped(piece) or not any(_occurs(piece, text, closed=True) for text in texts):
+    if not piece or dangling_escape(piece) or not any(_occurs(piece, text, closed=True) for text in texts):
         return False
     return walk(State(AFTER), rest[cut + 1 :], ()) is not None
 
