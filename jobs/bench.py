@@ -7,8 +7,9 @@
 
 Protocol: the model is loaded once and shared (with ``--baseline-adapter`` other than
 ``--adapter``, the base is loaded twice, each copy with its LoRA adapter merged: same architecture
-and compute). Each decoder first decodes a short warm-up (the first requests; AR, then HPD), then
-the whole workload ``--repeats`` times, alternating which decoder goes first; a decoder's time is
+and compute). Each decoder first decodes a short warm-up (the first requests; AR, then HPD; with
+``--baseline-lengths matched`` each decodes its whole workload untimed first, HPD to give its value
+lengths and the baseline to start as warm), then the whole workload ``--repeats`` times, alternating which decoder goes first; a decoder's time is
 the median of its repeats, each taken with ``time.perf_counter`` around the whole ``decode`` call
 (tokenization and batching included, device synchronised). Passes and memory: bench/measure.py.
 

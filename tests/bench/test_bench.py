@@ -260,6 +260,29 @@ def test_bench_records_matched_baseline(capsys, tmp_path, tokenizer_dir, records
     assert "HPD's value lengths" in (out / "bench.md").read_text()
 
 
+def test_matched_baseline_is_warmed_on_its_whole_workload_as_hpd_is(capsys, tmp_path, tokenizer_dir, records, monkeypatch):
+    """The matched run decodes HPD's whole workload untimed to read its lengths; the baseline gets
+    the same untimed pass before the timed runs (before, only the warm-up's first request)."""
+    import bench.compare
+    import bench.decoders
+    import bench.single
+
+    untimed = []
+
+    def recording(name, decoder, workload):
+        untimed.append((name, len(workload.requests)))
+        return bench.decoders.decode(name, decoder, workload)
+
+    monkeypatch.setattr(bench.single, "decode", recording)
+    monkeypatch.setattr(bench.compare, "decode", recording)
+    run_bench(capsys, [
+        "--records", records[0], "--attributes", records[1], "--docs-per-prompt", "2", "--baseline-docs-per-prompt", "1",
+        "--baseline-lengths", "matched", "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3",
+        "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    assert ("hpd", 3) in untimed and ("ar", 5) in untimed  # both whole workloads, before any timed run
+
+
 def test_bench_baseline_docs_per_prompt(capsys, tmp_path, tokenizer_dir):
     out = tmp_path / "out"
     run_bench(capsys, [
