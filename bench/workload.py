@@ -26,7 +26,16 @@ from dataclasses import dataclass, field, replace
 
 from datafiles.dataset import read_attributes, read_records
 from hpd_core.layout import build_layout, encode
-from hpd_core.prompts import TERMINATORS, answer_prefix, product_text, render_prompt, skeleton_segments, value_suffix
+from hpd_core.prompts import (
+    TERMINATORS,
+    answer_prefix,
+    guard_specials,
+    product_text,
+    render_prompt,
+    skeleton_segments,
+    special_texts,
+    value_suffix,
+)
 from hpd_core.types import Attribute, Product, Request
 
 VALUE_LENGTH_DISTS = ("uniform", "geometric")
@@ -113,10 +122,11 @@ def floor_input_tokens(requests, tokenizer) -> float:
     attribute keys (its skeleton segments: keys with their JSON punctuation). With the generated
     values, this is the per-product floor the bench compares both decoders against."""
     total = products = 0
+    specials = special_texts(tokenizer)  # as the prompt writes the text
     for request in requests:
-        segments, N = skeleton_segments(request), len(request.attributes)
+        segments, N = skeleton_segments(request, specials=specials), len(request.attributes)
         for j in range(len(request.products)):
-            total += len(encode(tokenizer, product_text(request, j)))
+            total += len(encode(tokenizer, guard_specials(product_text(request, j), specials)))
             total += sum(len(encode(tokenizer, segment)) for segment in segments[j * N : (j + 1) * N])
             products += 1
     return total / products

@@ -22,7 +22,7 @@ from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, sess
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
 from hpd_core.layout import encode, encode_prompt, shared_prefix_length
-from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments
+from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments, special_texts
 from hpd_core.runner import ModelRunner, body_parameters
 from hpd_core.session import Prompt, Session
 from hpd_core.sampling import make_generator, select
@@ -114,7 +114,8 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def answer_budget(self, request: Request) -> int:
         """Most new tokens the answer can need: skeleton tokens plus K_max per value."""
-        skeleton = sum(len(encode(self.tokenizer, s)) for s in skeleton_segments(request))
+        segments = skeleton_segments(request, specials=special_texts(self.tokenizer))
+        skeleton = sum(len(encode(self.tokenizer, s)) for s in segments)
         return skeleton + request.num_slots * self.config.max_value_tokens + ANSWER_SLACK_TOKENS
 
     def cost(self, item: tuple[list[int], int]) -> tuple[int, int]:

@@ -31,7 +31,7 @@ import torch
 
 from hpd_core import masks
 from hpd_core.layout import build_layout, encode, encode_prompt
-from hpd_core.prompts import answer_prefix, render_answer, render_prompt, render_value, value_suffix
+from hpd_core.prompts import answer_prefix, render_answer, render_prompt, render_value, special_texts, value_suffix
 from hpd_core.reference import logical_sequence
 from hpd_core.stopping import DONE, START, advance, token_text
 from hpd_core.types import Attribute, Product, Request
@@ -115,9 +115,9 @@ def stack_examples(
 def value_tokens(tokenizer, example: Example) -> list[list[int]]:
     """Per slot (product-major): the gold value's tokens as HPD generates them (not yet cut at K_max)."""
     request = example.request
-    n_attr = len(request.attributes)
+    n_attr, specials = len(request.attributes), special_texts(tokenizer)
     return [
-        until_complete(tokenizer, encode(tokenizer, render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s))))
+        until_complete(tokenizer, encode(tokenizer, render_value(example.values[s // n_attr][s % n_attr], value_suffix(request, s), specials)))
         for s in range(request.num_slots)
     ]
 
@@ -152,7 +152,7 @@ def ar_features(tokenizer, example: Example) -> Features:
     request = example.request
     prefix = answer_prefix()
     prompt = encode_prompt(tokenizer, render_prompt(request, tokenizer) + prefix)
-    answer_text = render_answer(request, [list(row) for row in example.values])
+    answer_text = render_answer(request, [list(row) for row in example.values], special_texts(tokenizer))
     if not answer_text.startswith(prefix):
         raise ValueError(f"answer text does not start with the answer prefix {prefix!r}")
     answer = encode(tokenizer, answer_text[len(prefix) :])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpd_core.prompts import render_prompt, render_value, skeleton_segments, value_suffix
+from hpd_core.prompts import render_prompt, render_value, skeleton_segments, special_texts, value_suffix
 from hpd_core.types import Attribute, Product, Request
 
 
@@ -78,7 +78,7 @@ def shared_prefix_length(tokenizer, prefix_text: str, ids: tuple[int, ...] | lis
 
 
 def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: str = "after-products") -> Layout:
-    segments = skeleton_segments(request, skeleton)
+    segments = skeleton_segments(request, skeleton, special_texts(tokenizer))
     segments[0] = render_prompt(request, tokenizer, skeleton) + segments[0]
     input_ids: list[int] = []
     position_ids: list[int] = []
@@ -112,10 +112,10 @@ def check_token_boundary(
 
     The value/next-key split is not required to match: the terminator token is never fed back.
     """
-    text = ""
-    for s, segment in enumerate(skeleton_segments(request, skeleton)):
+    text, specials = "", special_texts(tokenizer)
+    for s, segment in enumerate(skeleton_segments(request, skeleton, specials)):
         text += segment
-        value = render_value(sample_value, value_suffix(request, s))
+        value = render_value(sample_value, value_suffix(request, s), specials)
         key_ids, value_ids = encode(tokenizer, text), encode(tokenizer, value)
         joint = encode(tokenizer, text + value)
         if joint[: len(key_ids)] != key_ids or joint[len(key_ids)] != value_ids[0]:

@@ -18,7 +18,9 @@ newlines and tags in it cannot break out of their place in the prompt.
 
 from __future__ import annotations
 
+import functools
 import json
+import weakref
 from dataclasses import replace
 
 from hpd_core.types import Product, Request, Value
@@ -88,9 +90,90 @@ def render_instructions(request: Request, skeleton: str = "after-products") -> s
     return INSTRUCTIONS.format(attributes=attributes, category=category, products=products)
 
 
+NO_SPECIALS: frozenset[str] = frozenset()
+
+
+_SPECIAL_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def special_texts(tokenizer) -> frozenset[str]:
+    """The texts ``tokenizer`` reads as a special (control) token wherever they occur in a text:
+    ``<eos>``, ``<end_of_turn>``, ``<|im_end|>``, Gemma's ``<unused12>``. Added tokens that are not
+    special (Gemma's ``<table>``) are ordinary text and not included. Read once per tokenizer
+    (Gemma's 6,384 added tokens take milliseconds, every prompt would pay them)."""
+    try:
+        return _SPECIAL_TEXTS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found = {token.content for token in added.values() if getattr(token, "special", False)}
+    found.update(getattr(tokenizer, "all_special_tokens", None) or ())
+    texts = frozenset(t for t in found if t)
+    try:
+        _SPECIAL_TEXTS[tokenizer] = texts
+    except TypeError:  # not weak-referenceable: read each time
+        pass
+    return texts
+
+
+def guard_specials(text: str, specials: frozenset[str]) -> str:
+    """``text`` (JSON, or a piece of a JSON string) with every spelling of a special token broken:
+    its first character written as a JSON escape (``<eos>`` -> ``\\u003ceos>``). A JSON reader gets
+    the same string back; the tokenizer reads plain text where it would have read a control token,
+    so a product whose text spells ``<eos>`` cannot end or steer its prompt. A spelling is broken
+    where it starts at one of the text's own characters, never inside a JSON escape (a backslash
+    that starts none, in plain text such as an attribute description, is a character of its own).
+    Text with no such spelling comes back unchanged (the same object)."""
+    if not specials or not any(c in text for c in _first_characters(specials)):
+        return text
+    by_first, lengths = _special_index(specials)
+    out, i, done = [], 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":  # a JSON escape is one character of the text: its pieces start no spelling
+            i += _escape_length(text, i)
+            continue
+        if ch in by_first and any(text[i : i + n] in by_first[ch] for n in lengths[ch]):
+            out.append(text[done:i] + (f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else json.dumps(ch)[1:-1]))
+            done = i + 1
+        i += 1
+    return "".join(out) + text[done:] if out else text
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _escape_length(text: str, i: int) -> int:
+    """How many characters the JSON escape at ``text[i]`` (a backslash) takes; 1 if none starts there."""
+    nxt = text[i + 1 : i + 2]
+    if nxt and nxt in '"\\/bfnrt':
+        return 2
+    if nxt == "u" and len(text) >= i + 6 and set(text[i + 2 : i + 6]) <= _HEX:
+        return 6
+    return 1
+
+
+@functools.lru_cache(maxsize=16)
+def _first_characters(specials: frozenset[str]) -> tuple[str, ...]:
+    return tuple(sorted({s[0] for s in specials}))
+
+
+@functools.lru_cache(maxsize=16)
+def _special_index(specials: frozenset[str]) -> tuple[dict[str, frozenset[str]], dict[str, tuple[int, ...]]]:
+    by_first: dict[str, set[str]] = {}
+    for s in specials:
+        by_first.setdefault(s[0], set()).add(s)
+    return (
+        {c: frozenset(group) for c, group in by_first.items()},
+        {c: tuple(sorted({len(s) for s in group})) for c, group in by_first.items()},
+    )
+
+
 def render_prompt(request: Request, tokenizer, skeleton: str = "after-products") -> str:
-    """Prompt text up to where the answer starts (chat template with the assistant turn open)."""
-    user = render_instructions(request, skeleton)
+    """Prompt text up to where the answer starts (chat template with the assistant turn open).
+    The user message has its spellings of special tokens broken (``guard_specials``): the chat
+    template's own special tokens are the only ones the prompt holds."""
+    user = guard_specials(render_instructions(request, skeleton), special_texts(tokenizer))
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=False
@@ -102,13 +185,14 @@ def _key(name: str) -> str:
     return json.dumps(name, ensure_ascii=False) + ":"
 
 
-def skeleton_segments(request: Request, skeleton: str = "after-products") -> list[str]:
+def skeleton_segments(request: Request, skeleton: str = "after-products", specials: frozenset[str] = NO_SPECIALS) -> list[str]:
     """Skeleton text split into one segment per slot (slot order: product-major, then attribute).
 
     Segment 0 starts the answer; the prompt is prepended by the caller. With ``interleaved``, each
     product object opens with the product's own text (``"product": {...}``) right before its keys,
     so its values sit next to their text in positions; with ``after-products`` the products are in
-    the prompt and the skeleton holds keys only.
+    the prompt and the skeleton holds keys only. ``specials`` (``special_texts`` of the tokenizer)
+    are broken where the keys or a product's text spell them (``guard_specials``).
     """
     _check_skeleton(skeleton)
     segments = []
@@ -120,7 +204,7 @@ def skeleton_segments(request: Request, skeleton: str = "after-products") -> lis
                 text = f"{opener}{INDENT}{json.dumps(str(j + 1))}: {{\n{own}{INDENT * 2}{_key(attribute.name)}"
             else:
                 text = f"\n{INDENT * 2}{_key(attribute.name)}"
-            segments.append(text)
+            segments.append(guard_specials(text, specials))
     return segments
 
 
@@ -132,7 +216,8 @@ def shared_prefix_text(request: Request, tokenizer, skeleton: str = "after-produ
     followed by the skeleton's first segment) up to where the first product's own text begins.
     Prompts that share it share the prefill of its tokens (hpd_core/session.py)."""
     probe = replace(request, products=(Product("", PRODUCT_PROBE),))
-    text = render_prompt(probe, tokenizer, skeleton) + (skeleton_segments(probe, skeleton)[0] if hpd else "")
+    first = skeleton_segments(probe, skeleton, special_texts(tokenizer))[0] if hpd else ""
+    text = render_prompt(probe, tokenizer, skeleton) + first
     return text[: text.index(PRODUCT_PROBE)]
 
 
@@ -146,18 +231,20 @@ def value_suffix(request: Request, slot: int) -> str:
     return "\n" if (slot + 1) % len(request.attributes) == 0 else ","
 
 
-def render_answer(request: Request, values: list[list[str | None]]) -> str:
-    """The full gold answer text (pretty JSON) for given values, as the baseline should produce it."""
+def render_answer(request: Request, values: list[list[str | None]], specials: frozenset[str] = NO_SPECIALS) -> str:
+    """The full gold answer text (pretty JSON) for given values, as the baseline should produce it
+    (``specials`` broken where keys or values spell them, as in the prompt)."""
     body = {
         str(j + 1): {a.name: values[j][n] for n, a in enumerate(request.attributes)}
         for j in range(len(request.products))
     }
-    return json.dumps(body, indent=2, ensure_ascii=False)
+    return guard_specials(json.dumps(body, indent=2, ensure_ascii=False), specials)
 
 
-def render_value(value: str | None, terminator: str) -> str:
-    """A slot's text as HPD generates it: leading space, JSON value, terminator."""
-    return " " + json.dumps(value, ensure_ascii=False) + terminator
+def render_value(value: str | None, terminator: str, specials: frozenset[str] = NO_SPECIALS) -> str:
+    """A slot's text as HPD generates it: leading space, JSON value, terminator (``specials``
+    broken where the value spells them, as in the prompt)."""
+    return guard_specials(" " + json.dumps(value, ensure_ascii=False) + terminator, specials)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,19 @@ import functools
 import json
 from dataclasses import dataclass
 
-from hpd_core.prompts import OPEN, OTHER, QUOTE, TERMINATORS, TEXT, JsonCursor, closing_quote, dangling_escape
+from hpd_core.prompts import (
+    NO_SPECIALS,
+    OPEN,
+    OTHER,
+    QUOTE,
+    TERMINATORS,
+    TEXT,
+    JsonCursor,
+    closing_quote,
+    dangling_escape,
+    guard_specials,
+    special_texts,
+)
 from hpd_core.stopping import WHITESPACE, token_texts
 
 START, STRING, NULL, AFTER, DONE = range(5)
@@ -51,9 +63,10 @@ def product_fields(product) -> tuple:
     return (product.title, product.description, *product.features)
 
 
-def field_texts(fields) -> tuple[str, ...]:
-    """The fields as they read inside a JSON string (what the model writes between the quotes)."""
-    return tuple(json.dumps(f, ensure_ascii=False)[1:-1] for f in fields if f)
+def field_texts(fields, specials: frozenset[str] = NO_SPECIALS) -> tuple[str, ...]:
+    """The fields as they read inside a JSON string in the prompt (what the model writes between
+    the quotes), spellings of the tokenizer's ``specials`` broken as the prompt breaks them."""
+    return tuple(guard_specials(json.dumps(f, ensure_ascii=False)[1:-1], specials) for f in fields if f)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,6 +129,7 @@ class SpanVocabulary:
     def __init__(self, tokenizer, vocab_size: int | None = None) -> None:
         texts = token_texts(tokenizer)
         special = set(tokenizer.all_special_ids)
+        self.specials = special_texts(tokenizer)  # spelled in a product's text, the prompt breaks them
         self.texts = list(texts) + ["\ufffd"] * max(0, (vocab_size or 0) - len(texts))
         self.usable = [(i, t) for i, t in enumerate(texts) if usable(t) and i not in special]
         nothing: tuple[str, ...] = ()
@@ -150,7 +164,7 @@ class SpanVocabulary:
 
     def product(self, fields) -> SpanText:
         """The rule for the slots of one product (title, description, features)."""
-        return SpanText(self, field_texts(fields))
+        return SpanText(self, field_texts(fields, self.specials))
 
 
 def usable(text: str) -> bool:
