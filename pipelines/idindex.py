@@ -6,7 +6,7 @@ pipelines/dedup.py. It takes one map and one reduce step over hash partitions of
 (pipelines/idruns.py), in Ray tasks (pipelines/idtasks.py), with every file under the output:
 
 ```
-shards ──map_shard, a task per shard──▶ runs of (id, hash, shard, row, valid) by fine partition    _dedup/<build>/map/
+shards ──map_shards, a task per group of shards──▶ runs of (id, hash, shard, row, valid) by fine partition  _dedup/<build>/map/
 earlier outputs: unfinished ones' manifests ──map_manifests──▶ runs of ids by fine partition          _dedup/<build>/map/
 runs + finished earlier outputs' id files (slotted alike) ──reduce_interval, a task per hash interval──▶
         verdicts of the rows that have one (duplicates, skipped), grouped by shard                 _dedup/<build>/verdicts/
@@ -23,7 +23,10 @@ Why memory is bounded. A map task holds about ``ids_per_partition`` id rows at m
 and starts the next); a reduce task one interval's ids, from this input and earlier outputs (at most
 ``ids_per_partition``: every source is read by byte range, exactly the interval); a prepare task one
 verdict byte per row of its shard. The driver holds counts and byte offsets (64 KB per run or id
-file, one per ``ids_per_partition`` ids), never ids. A bigger catalog means more runs, intervals and
+file), never ids; a map task reads a group of shards (``map_bytes`` of input), so there is about one
+run per ``ids_per_partition`` ids or per ``map_bytes`` of input, whichever is more, however many
+files the input has (one run per file made 30,000 files 1.9 GB of offsets on the driver, and 30,000
+byte ranges for every reduce task to read). A bigger catalog means more runs, intervals and
 tasks, not bigger ones (up to ``FINE_PARTITIONS`` x ``ids_per_partition`` ids, 4 billion at the
 default; past that, a single fine partition holds more than ``ids_per_partition``).
 
@@ -47,7 +50,7 @@ import ray
 
 from pipelines import commit, dedup, io, reader
 from pipelines.idruns import FINE_BITS, FINE_PARTITIONS, read_slots
-from pipelines.idtasks import MAP_MANIFESTS, MAP_SHARD, REDUCE_INTERVAL, Run, id_run, ranges
+from pipelines.idtasks import MAP_MANIFESTS, MAP_SHARDS, REDUCE_INTERVAL, Run, id_run, ranges
 
 if TYPE_CHECKING:  # prepare imports this module
     from pipelines.prepare import PrepareConfig
@@ -62,14 +65,20 @@ MANIFESTS_PER_TASK = 256
 @dataclass(frozen=True)
 class IndexConfig:
     """ids_per_partition: the most product ids one index task holds (a map run, a reduce interval).
+    map_bytes: input bytes one map task reads (consecutive shards, ``map_groups``): a catalog of
+        many small files then has about as many map runs as it has input bytes / map_bytes or ids /
+        ids_per_partition, not one per file, and every reduce task reads that many ranges.
     cpus: CPUs each index task reserves (they are CPU-bound: parse and validate every row)."""
 
     ids_per_partition: int = 1_000_000
+    map_bytes: int = 256 << 20
     cpus: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.ids_per_partition, int) or self.ids_per_partition < 1:
             raise ValueError(f"ids_per_partition must be a positive int, got {self.ids_per_partition!r}")
+        if not isinstance(self.map_bytes, int) or self.map_bytes < 1:
+            raise ValueError(f"map_bytes must be a positive int, got {self.map_bytes!r}")
         if self.cpus <= 0:
             raise ValueError(f"index cpus must be > 0, got {self.cpus}")
 
@@ -130,6 +139,20 @@ def find_earlier(prefix: str, exclude: str) -> EarlierIds:
     return EarlierIds(tuple(outputs), tuple(id_runs), tuple(manifests))
 
 
+def map_groups(shards: list[reader.Shard], map_bytes: int) -> list[list[tuple[int, reader.Shard]]]:
+    """Consecutive (ordinal, shard) pairs, a group closing once its shards hold ``map_bytes`` bytes
+    or more: one map task each."""
+    groups: list[list[tuple[int, reader.Shard]]] = []
+    size = map_bytes
+    for ordinal, shard in enumerate(shards):
+        if size >= map_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((ordinal, shard))
+        size += max(shard.end - shard.start, 1)
+    return groups
+
+
 def cut(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
     """Consecutive fine partitions [lo, hi) covering them all, each with at most ``limit`` ids (or one
     fine partition)."""
@@ -169,15 +192,20 @@ def build_index(
     earlier = find_earlier(skip_existing, output_uri) if skip_existing else EarlierIds()
     task = {"num_cpus": config.cpus, "retry_exceptions": True}  # e.g. S3 errors; the tasks' writes are idempotent
     limit = config.ids_per_partition
-    mapped = ray.get([MAP_SHARD.options(**task).remote(shard, ordinal, prepare, build, limit)
-                      for ordinal, shard in enumerate(shards)])
+    settings = ray.put(prepare)  # one copy in the object store, not one per task (a schema can be megabytes)
+    groups = map_groups(shards, config.map_bytes)
+    mapped = ray.get([MAP_SHARDS.options(**task).remote(group, settings, build, limit) for group in groups])
+    rows = [0] * len(shards)
+    for result in mapped:
+        for ordinal, count in result["rows"]:
+            rows[ordinal] = count
     groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
     mapped_earlier = [run for runs in ray.get([MAP_MANIFESTS.options(**task).remote(i, group, build, limit)
                                                for i, group in enumerate(groups)]) for run in runs]
     runs = [run for shard in mapped for run in shard["runs"]]
     earlier_runs = mapped_earlier + list(earlier.id_runs)
-    log.info("id index: %d shards mapped into %d runs; %d runs of earlier outputs (%.1f s)", len(shards), len(runs),
-             len(earlier_runs), time.time() - started)
+    log.info("id index: %d shards mapped by %d tasks into %d runs; %d runs of earlier outputs (%.1f s)", len(shards),
+             len(groups), len(runs), len(earlier_runs), time.time() - started)
 
     counts = sum((run.counts for run in runs + earlier_runs), np.zeros(FINE_PARTITIONS, np.int64))
     intervals = cut(counts, limit)
@@ -191,7 +219,7 @@ def build_index(
             verdicts[shard].append((result["verdicts"], int(start), int(end)))
     index = {
         "build": name,
-        "shards": [{"shard_id": s.shard_id, "rows": m["rows"], "verdicts": v} for s, m, v in zip(shards, mapped, verdicts)],
+        "shards": [{"shard_id": s.shard_id, "rows": n, "verdicts": v} for s, n, v in zip(shards, rows, verdicts)],
         "ids": [r["ids"] for r in reduced if r["ids"]],  # their slots [lo, hi): counts and byte offsets
         "fine_bits": FINE_BITS,
         "ids_per_partition": limit,

@@ -1,4 +1,4 @@
-"""The id index's Ray tasks (pipelines/idindex.py plans them): map a shard, map earlier manifests, reduce an interval.
+"""The id index's Ray tasks (pipelines/idindex.py plans them): map a group of shards, map earlier manifests, reduce an interval.
 
 Each task reads and writes whole files under the index's build directory, holds about ``limit`` id
 rows at most (a map task: ``limit`` plus one chunk; a reduce task: its interval's), and returns only
@@ -59,12 +59,17 @@ def _release() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def map_shard(shard: reader.Shard, ordinal: int, prepare: PrepareConfig, build: str, limit: int) -> dict:
-    """Map step of one shard: read it as the prepare stage will, write its id rows as runs."""
-    writer, rows = _RunWriter(io.join(build, "map", f"{ordinal:06d}"), limit), 0
-    for _, records in reader.iter_chunks(shard, prepare.read):
-        rows += len(records)
-        writer.add(dedup.id_rows(ordinal, records, prepare.schema, prepare.validation))
+def map_shards(group: list[tuple[int, reader.Shard]], prepare: PrepareConfig, build: str, limit: int) -> dict:
+    """Map step of a group of shards ((ordinal, shard) pairs, idindex.map_groups): read each as the
+    prepare stage will, write their id rows together as runs (a run holds rows of several shards, each
+    row naming its own). Returns each shard's row count and the runs."""
+    writer, rows = _RunWriter(io.join(build, "map", f"{group[0][0]:06d}"), limit), []
+    for ordinal, shard in group:
+        count = 0
+        for _, records in reader.iter_chunks(shard, prepare.read):
+            count += len(records)
+            writer.add(dedup.id_rows(ordinal, records, prepare.schema, prepare.validation))
+        rows.append((ordinal, count))
     runs = writer.flush()
     _release()
     return {"rows": rows, "runs": runs}
@@ -128,6 +133,6 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
 
 # max_calls=1: the worker of each task exits after it, so the memory of its sort is given back to
 # the machine instead of being kept by an idle worker for the rest of the job
-MAP_SHARD = ray.remote(max_calls=1)(map_shard)
+MAP_SHARDS = ray.remote(max_calls=1)(map_shards)
 MAP_MANIFESTS = ray.remote(max_calls=1)(map_manifests)
 REDUCE_INTERVAL = ray.remote(max_calls=1)(reduce_interval)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipelines import dedup, io, reader
-from pipelines.idindex import INDEX_DIR, MARKER, IndexConfig, build_index, shard_verdicts
+from pipelines.idindex import INDEX_DIR, MARKER, IndexConfig, build_index, map_groups, shard_verdicts
 from pipelines.prepare import PrepareConfig
 from pipelines.reader import ReadConfig
 from pipelines.schema import ValidationConfig, parse_schema
@@ -60,7 +60,18 @@ def _found(shards, index) -> dict:
     return found
 
 
-def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path):
+def test_map_groups_are_consecutive_shards_of_about_map_bytes():
+    shards = [reader.Shard(f"s{i}", f"f{i}", "jsonl", 0, size) for i, size in enumerate((5, 5, 5, 20, 1, 0, 3))]
+    groups = map_groups(shards, 10)
+    assert [[o for o, _ in g] for g in groups] == [[0, 1], [2, 3], [4, 5, 6]]
+    assert [s for g in groups for _, s in g] == shards
+    assert [[o for o, _ in g] for g in map_groups(shards, 1)] == [[i] for i in range(7)]
+    with pytest.raises(ValueError, match="map_bytes"):
+        IndexConfig(map_bytes=0)
+
+
+@pytest.mark.parametrize("map_bytes", [1, 1 << 30], ids=["a-task-per-shard", "one-task-for-all"])
+def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path, map_bytes):
     rng = random.Random(7)
     source = tmp_path / "in"
     source.mkdir()
@@ -87,7 +98,7 @@ def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path):
     io.write_json(str(output / "_job.json"), {})
     prepare = _prepare(str(source), str(output))
     shards = reader.plan_shards(prepare.read)
-    index = build_index(shards, prepare, str(output), str(prefix), IndexConfig(ids_per_partition=25))
+    index = build_index(shards, prepare, str(output), str(prefix), IndexConfig(ids_per_partition=25, map_bytes=map_bytes))
 
     meta = io.read_json(str(output / INDEX_DIR / MARKER))
     assert meta["earlier_outputs"] == [str(done), str(partial)]
@@ -97,6 +108,7 @@ def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path):
     assert _found(shards, index) == expected
     assert meta["duplicates"] == sum(v == dedup.Verdict.DUPLICATE for v in expected.values())
     assert not list((output / INDEX_DIR / meta["build"] / "map").glob("*"))  # map runs deleted
+    assert [s["rows"] for s in meta["shards"]] == [150, 150, 150]  # each shard's own count, grouped or not
 
 
 def _ids_of(shards, prepare) -> list[str]:

@@ -20,7 +20,7 @@ from .helpers import (
     wait_for,
 )
 
-WORKER_TITLES = ("MapBatches(", "map_shard", "map_manifests", "reduce_interval")  # pipeline, id index
+WORKER_TITLES = ("MapBatches(", "map_shards", "map_manifests", "reduce_interval")  # pipeline, id index
 # Ray Data 2.60 reserves cluster resources per execution in a detached coordinator; a killed
 # driver's reservation lingers until it expires (180 s by default), starving the next run. The
 # killed drivers here use a short expiry so the session's later tests are not slowed down.
