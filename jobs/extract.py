@@ -110,6 +110,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "crash: the actor's process exits, as when it is killed for memory)")
 
 
+FILL_WARNING_PROMPTS = 100  # fewer prompts: a small job, whose categories may hold fewer than J products each
+
+
+def fill_warning(report: dict) -> str | None:
+    """A warning when prompts held under half of J products on average in a job of many prompts: a
+    prompt stacks products of one category from one chunk, so an input whose categories are mixed
+    row by row fills few, and HPD's cost per product grows with every empty place."""
+    fill, docs = report.get("products_per_prompt"), report.get("docs_per_prompt") or 1
+    if fill is None or docs < 2 or report.get("prompts", 0) < FILL_WARNING_PROMPTS or fill >= docs / 2:
+        return None
+    return (f"warning: prompts held {fill} products on average against J = {docs}: a prompt stacks products of one "
+            "category from one chunk (--chunk-rows rows of the input in file order), so where categories are mixed "
+            "row by row, sort or partition the input by category (or raise --chunk-rows) to fill them")
+
+
 def _summary(report: dict, output: str) -> str:
     rejected = report["rows_rejected"]
     by_stage = ", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items())
@@ -123,6 +138,8 @@ def _summary(report: dict, output: str) -> str:
         f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
         f"report:           {output}/_report.md and {output}/_report.json",
     ]
+    if (warning := fill_warning(report)) is not None:
+        lines.append(warning)
     if report.get("cuda_graph_failures"):
         lines.append(f"warning: {report['cuda_graph_failures']} CUDA graph capture(s) failed; those batches ran "
                      "eagerly (the same values, slower); the actors' logs (--verbose) say why")

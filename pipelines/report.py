@@ -133,6 +133,8 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["rows_skipped"] = total.counts["skipped"]
     report["rejected_by_stage"] = dict(sorted(total.rejected_by_stage.items()))
     report["chunks"] = total.chunks
+    prompts = total.counts["prompts"]
+    report["products_per_prompt"] = round(products / prompts, 2) if prompts else None  # against J: how full prompts were
     report["attempts"] = len(attempts)
     report["resumed"] = len(attempts) > 1
     report["wall_seconds"] = round(sum(a.wall_seconds for a in attempts), 3)
@@ -189,6 +191,8 @@ def render_markdown(report: dict) -> str:
         f"| {report['prompts']} | {report['prompt_tokens']} | {report['generated_tokens']} "
         f"| {report['forward_passes']} | {report['values_truncated']} | {report['parse_errors']} "
         f"| {report['values_not_in_text']} |",
+        "",
+        f"Products per prompt: {_or_na(report.get('products_per_prompt'))} (J = {report['docs_per_prompt']}).",
         "",
         f"Whole job ({report['attempts']} attempt{'s' if report['attempts'] != 1 else ''}"
         f"{', resumed' if report['resumed'] else ''}): {report['products_out']} products in {report['wall_seconds']} s, "

@@ -228,6 +228,19 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     assert "warning: 2 CUDA graph capture(s) failed" in extract._summary(dict(base, cuda_graph_failures=2), "out")
 
 
+def test_summary_warns_when_prompts_are_far_from_full():
+    """Categories mixed row by row leave prompts nearly empty (a prompt stacks one category of one
+    chunk); a job of many prompts that filled under half of J says so and what to do."""
+    base = {"run_id": "r", "rows_in": 900, "products_out": 900, "rows_rejected": 0, "rejected_by_stage": {},
+            "rows_skipped": 0, "wall_seconds": 1.0, "docs_per_prompt": 6}
+    mixed = dict(base, prompts=800, products_per_prompt=1.12)
+    assert "prompts held 1.12 products on average against J = 6" in extract._summary(mixed, "out")
+    assert "sort or partition the input by category" in extract._summary(mixed, "out")
+    for quiet in (dict(base, prompts=160, products_per_prompt=5.6), dict(base, prompts=40, products_per_prompt=1.2),
+                  dict(base, prompts=800, products_per_prompt=1.0, docs_per_prompt=1), dict(base, prompts=0, products_per_prompt=None)):
+        assert "products on average" not in extract._summary(quiet, "out"), quiet
+
+
 # ------------------------------------------------------------------ runs (the session's Ray)
 
 

@@ -157,6 +157,7 @@ def test_report_fields(s3_job):
     assert result["device"] == "cpu" and result["cpu_seconds"] == result["device_seconds"] > 0
     assert result["price_per_hour"] == 0.0425 and result["price_unit"] == "vCPU-hour"  # a CPU run: the CPU price
     assert result["prompts"] > 0 and result["forward_passes"] == result["prompts"]
+    assert result["products_per_prompt"] == round(result["products_out"] / result["prompts"], 2)
     assert result["prompt_tokens"] > 0 and result["generated_tokens"] == result["attribute_rows"]
     cost = result["device_seconds"] / 3600 * 0.0425 / result["products_out"] * 1000
     assert result["usd_per_1k_products"] == pytest.approx(cost, rel=1e-3)
