@@ -55,6 +55,10 @@ def test_line_counts_products_inside_chunks_and_committed_rows_once(ray_cluster,
         line.stop()
     lines = stream.getvalue().splitlines()
     assert len(lines) >= 2 and lines[-1].startswith("extract: 32/50 rows")  # a log: one line each time
+    chunks, _ = ray.get(counter.snapshot.remote())
+    assert set(chunks) == {"b"} and line.committed == set()  # a committed chunk is forgotten on both sides
+    counter.add.remote("a", 5)  # a late report of a committed chunk counts nothing
+    assert line.line().startswith("extract: 32/50 rows")
 
 
 def test_on_a_terminal_the_line_is_rewritten_in_place(ray_cluster, tmp_path):
