@@ -416,7 +416,8 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             previous = _committed(state.manifests, resources.io_cpus)
             this_run = Stats()
             if shards:
-                line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress)
+                total = sum(min(idx.rows, shard.max_rows or idx.rows) for shard, idx in zip(planned, index))
+                line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress, total)
                 line.start()
                 finished = False
                 try:

@@ -10,7 +10,9 @@ driver: committed chunks' rows ──┐                                    │ 
 commit) plus the products the actors have decoded in chunks not yet committed, so the line moves
 inside a chunk as each prompt finishes (pipelines/extract_stage.py); the products of prompts under
 way are shown as "being decoded". A
-chunk retried after a failure starts again from zero. The total is counted in the
+chunk retried after a failure starts again from zero. The total is the id
+index's count of every shard's rows when the job passes it (exact, and free: 30,000 Parquet footers
+read one after another took the line half an hour); else it is counted in the
 background (exact for inputs of up to ``exact_bytes`` of JSON Lines and for Parquet, from its
 metadata; estimated from the first shard's rows per byte beyond that, shown with ``~``). The rate
 counts from the moment the first chunk started decoding (model loading excluded); the ETA is what
@@ -101,14 +103,15 @@ class ProgressLine:
     """Driver side: the committed rows (fed by the driver's loop), the counter's snapshot, the line."""
 
     def __init__(self, counter, shards: list[reader.Shard], read: reader.ReadConfig, previous_rows: int,
-                 stream, config: ProgressConfig = ProgressConfig()) -> None:
+                 stream, config: ProgressConfig = ProgressConfig(), total: int | None = None) -> None:
         """``shards``: the whole input (the total counts every row); ``previous_rows``: rows of chunks
-        committed by earlier attempts."""
+        committed by earlier attempts; ``total``: the input's rows when already known (the id index
+        counted them), else they are counted in the background."""
         self.counter, self.stream, self.config = counter, stream, config
         self.previous_rows = previous_rows  # committed by earlier attempts
         self.committed_rows = 0
         self.committed: set[str] = set()
-        self.total: int | None = None
+        self.total: int | None = total
         self.exact = True
         self.started = time.time()
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
@@ -127,7 +130,8 @@ class ProgressLine:
             self.total, self.exact = total, exact
 
     def start(self) -> None:
-        self._counting.start()
+        if self.total is None:
+            self._counting.start()
         self._thread.start()
 
     def committed_chunk(self, chunk: str, rows: int) -> None:

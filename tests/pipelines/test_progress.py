@@ -61,6 +61,25 @@ def test_line_counts_products_inside_chunks_and_committed_rows_once(ray_cluster,
     assert line.line().startswith("extract: 32/50 rows")
 
 
+def test_a_known_total_is_used_and_nothing_is_counted(ray_cluster, tmp_path, monkeypatch):
+    """The job passes the id index's row count; the input is not read again for the line."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([{"product_id": str(i)} for i in range(5)]))
+    read = reader.ReadConfig(uri=str(source))
+
+    def refuse(*_):
+        raise AssertionError("count_rows called with a known total")
+
+    monkeypatch.setattr(reader, "count_rows", refuse)
+    counter = ProgressCounter.remote()
+    line = ProgressLine(counter, reader.plan_shards(read), read, previous_rows=0, stream=stdio.StringIO(), total=123)
+    line.start()
+    try:
+        assert line.line().startswith("extract: 0/123 rows (0%)")
+    finally:
+        line.stop()
+
+
 def test_on_a_terminal_the_line_is_rewritten_in_place(ray_cluster, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl([{"product_id": "x"}]))
