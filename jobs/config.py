@@ -40,13 +40,22 @@ class JobConfig:
     skip_existing: str | None
     address: str | None
     arguments: dict  # what defines the run (hashed into run_id), recorded in _job.json
-    # the run ids this same job had before 2026-11-29, when a typed default (--model default,
-    # --dtype auto) was part of the identity: an output started then resumes under its own id
-    former_run_ids: tuple[str, ...] = ()
+    # the run ids this same job had before 2026-11-29, with the group_chunks each was read with: a
+    # typed default (--model default, --dtype auto) was part of the identity, and chunks were
+    # consecutive rows (group_chunks 1); an output started then resumes under its own id, as read then
+    former_runs: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def former_run_ids(self) -> tuple[str, ...]:
+        return tuple(run_id for run_id, _ in self.former_runs)
 
     def as_run(self, run_id: str) -> JobConfig:
-        """This job under ``run_id`` (one of ``former_run_ids``: the id its output was started with)."""
-        return replace(self, extract=replace(self.extract, run_id=run_id), output=replace(self.output, run_id=run_id))
+        """This job under ``run_id`` (one of ``former_runs``: the id its output was started with),
+        its input cut into chunks as it was then."""
+        group = dict(self.former_runs).get(run_id, self.prepare.read.group_chunks)
+        read = replace(self.prepare.read, group_chunks=group)
+        return replace(self, prepare=replace(self.prepare, read=read), extract=replace(self.extract, run_id=run_id),
+                       output=replace(self.output, run_id=run_id))
 
 
 MODEL_DEFAULTS = {"model_uri": ExtractConfig.model_uri, "dtype": ExtractConfig.dtype}
@@ -112,7 +121,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     if skip_existing is not None and _nested(skip_existing, output_uri):
         raise ValueError("--skip-existing must name earlier outputs (or a prefix holding them), not this run's output")
     schema = load_schema(args.attributes)
-    read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows))
+    read = ReadConfig(uri=input_uri, **_given(limit=args.limit, chunk_rows=args.chunk_rows, group_chunks=args.group_chunks))
     validation = ValidationConfig(**_given(max_text_chars=args.max_text_chars, oversize=args.oversize))
     stacking = StackingConfig(**_given(docs_per_prompt=args.docs_per_prompt))
     decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton,
@@ -127,7 +136,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         "attributes": hashlib.sha256(schema.to_json().encode()).hexdigest(),
         "output": output_uri,
         "skip_existing": skip_existing,
-        "read": {k: v for k, v in asdict(read).items() if k != "uri"},
+        # group_chunks 1 is how every job read its input before the option: left out, the same identity
+        "read": {k: v for k, v in asdict(read).items() if k != "uri" and (k, v) != ("group_chunks", 1)},
         "validation": asdict(validation),
         "stacking": asdict(stacking),
         "decoder": args.decoder,
@@ -140,7 +150,12 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     if args.decoder == DRY_RUN and dry_run.failures:  # they decide which rows are rejected
         arguments["dry_run_failures"] = [list(failure) for failure in dry_run.failures]
     run_id = run_id_for(arguments)
-    typed = run_id_for({**arguments, "model": model})  # the identity before typed defaults were dropped
+    ungrouped = {**arguments, "read": {k: v for k, v in arguments["read"].items() if k != "group_chunks"}}
+    formers: dict[str, int] = {}  # identities of this job before 2026-11-29 -> how they read their input
+    if args.group_chunks in (None, 1):  # then every job read chunks of consecutive rows (group_chunks 1)
+        for identity in (ungrouped, {**ungrouped, "model": model}):  # and a typed default was part of it
+            formers.setdefault(run_id_for(identity), 1)
+    formers.pop(run_id, None)
     extract = ExtractConfig(
         decoder=args.decoder,
         schema=schema,
@@ -160,5 +175,5 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         skip_existing=skip_existing,
         address=args.address,
         arguments=arguments,
-        former_run_ids=(typed,) if typed != run_id else (),
+        former_runs=tuple(formers.items()),
     )

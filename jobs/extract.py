@@ -91,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"title + description + features, in characters (default: {ValidationConfig.max_text_chars})")
     parser.add_argument("--chunk-rows", type=int,
                         help=f"rows per chunk, the unit of work, commit and resume (default: {ReadConfig.chunk_rows})")
+    parser.add_argument("--group-chunks", type=int, metavar="G",
+                        help="rows are grouped by category over windows of G chunks before they are cut into chunks, "
+                        "so that prompts (one category of one chunk each) fill where the input mixes categories "
+                        f"(default: {ReadConfig.group_chunks}; 1: chunks of consecutive rows, as before 2026-11-29)")
     parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU, or what the CPUs allow); "
                         "with --device gpu, the GPUs to ask an autoscaling cluster for (default 1)")
     parser.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE,
@@ -121,8 +125,8 @@ def fill_warning(report: dict) -> str | None:
     if fill is None or docs < 2 or report.get("prompts", 0) < FILL_WARNING_PROMPTS or fill >= docs / 2:
         return None
     return (f"warning: prompts held {fill} products on average against J = {docs}: a prompt stacks products of one "
-            "category from one chunk (--chunk-rows rows of the input in file order), so where categories are mixed "
-            "row by row, sort or partition the input by category (or raise --chunk-rows) to fill them")
+            "category from one chunk, and the rows of a window of --group-chunks chunks are grouped by category; where "
+            "the input mixes many categories, sort or partition it by category (or raise --group-chunks) to fill them")
 
 
 def _summary(report: dict, output: str) -> str:

@@ -4,8 +4,14 @@ Input is one file or a prefix of many: Parquet, or JSON Lines (``.jsonl``, ``.js
 optionally ``.gz``). The driver plans *shards* (a file, or a byte range of a large JSON Lines file);
 a reader turns a shard into *chunks* of at most ``chunk_rows`` rows / ``chunk_bytes`` bytes. A
 chunk is the unit of work and of commit: its key ``<shard_id>-<index>`` names every file it writes.
-Chunk boundaries depend only on the shard's bytes and the config, so they are the same in every
-run, which is what makes resume exactly-once. A row that cannot be read (malformed line, corrupt or
+A prompt stacks products of one category from one chunk, so the reader first groups rows by
+category: it reads a *window* of ``group_chunks`` chunks' worth of rows, puts the rows of each
+category together (categories in the order they first appear, rows in file order), and cuts that
+order into chunks (each chunk's rows in row order); an input already in category order is cut as
+before. With
+``group_chunks`` 1 a chunk is consecutive rows, as before 2026-11-29. Chunk contents depend only on
+the shard's bytes and the config, so they are the same in every run, which is what makes resume
+exactly-once. A row that cannot be read (malformed line, corrupt or
 unsupported file) becomes a record with ``error`` set, never an exception.
 """
 
@@ -36,6 +42,10 @@ class ReadConfig:
     shard_bytes: JSON Lines files larger than this are split into byte ranges read in parallel.
     chunk_rows / chunk_bytes: a chunk closes at whichever comes first; chunks are the unit of
         work, stacking, commit and resume.
+    group_chunks: rows are grouped by category over windows of this many chunks (``chunk_rows``
+        and ``chunk_bytes`` times it) before they are cut into chunks: where an input mixes its
+        categories row by row, prompts then fill (2,000 categories over 2,048-row chunks left
+        about one product per category and prompt). 1: chunks of consecutive rows.
     read_block_bytes: size of one read from the file system.
     limit: only the first ``limit`` rows of the input (in file order) are processed.
     """
@@ -45,6 +55,7 @@ class ReadConfig:
     shard_bytes: int = 256 << 20
     chunk_rows: int = 2048
     chunk_bytes: int = 16 << 20
+    group_chunks: int = 8
     read_block_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
@@ -52,7 +63,7 @@ class ReadConfig:
             raise ValueError("input URI must be a non-empty string")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"limit must be a positive int, got {self.limit!r}")
-        for name in ("shard_bytes", "chunk_rows", "chunk_bytes", "read_block_bytes"):
+        for name in ("shard_bytes", "chunk_rows", "chunk_bytes", "group_chunks", "read_block_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -281,7 +292,11 @@ def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
 
 
 def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozenset()):
-    """Yield ``(index, records)`` per chunk; ``records`` is None for chunks in ``skip`` (not parsed)."""
+    """Yield ``(index, records)`` per chunk, records in row order; ``records`` is None for chunks in
+    ``skip``. With ``group_chunks`` > 1, rows grouped by category over windows (module doc)."""
+    if config.group_chunks > 1:
+        yield from _grouped_chunks(shard, config, skip)
+        return
     index, pending, size, first_row = 0, [], 0, 0
     for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
         pending.append(raw)
@@ -291,6 +306,54 @@ def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozens
             index, pending, size, first_row = index + 1, [], 0, row + 1
     if pending:
         yield index, _finish(index, pending, first_row, skip)
+
+
+def _grouped_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int]):
+    """``iter_chunks`` with rows grouped by category: each window of up to ``group_chunks`` x
+    (``chunk_rows``, ``chunk_bytes``) is parsed whole (skipped chunks too: their rows decide where
+    the others fall), its rows of each category put together, and cut into chunks as
+    ``iter_chunks`` cuts rows."""
+    rows, window_bytes = config.chunk_rows * config.group_chunks, config.chunk_bytes * config.group_chunks
+    index, pending, sizes, size, first_row = 0, [], [], 0, 0
+    for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
+        pending.append(raw)
+        sizes.append(_size(raw))
+        size += sizes[-1]
+        if len(pending) >= rows or size >= window_bytes:
+            for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
+                yield index, None if index in skip else records
+                index += 1
+            pending, sizes, size, first_row = [], [], 0, row + 1
+    if pending:
+        for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
+            yield index, None if index in skip else records
+            index += 1
+
+
+def _cut_window(records: list[RawRecord], sizes: list[int], config: ReadConfig) -> list[list[RawRecord]]:
+    """A window's records cut into chunks: the rows of each category together, categories in the
+    order they first appear (a row without one, to be rejected, goes with the row before it), each
+    chunk closed at ``chunk_rows`` rows or ``chunk_bytes`` bytes, its records in row order. An input
+    already in category order is cut exactly as consecutive rows are."""
+    first: dict[str, int] = {}
+    keys: list[int] = []
+    for i, record in enumerate(records):
+        category = _category(record)
+        keys.append(first.setdefault(category, i) if isinstance(category, str) else keys[-1] if keys else i)
+    chunks, chunk, size = [], [], 0
+    for i in sorted(range(len(records)), key=lambda i: (keys[i], i)):
+        chunk.append(i)
+        size += sizes[i]
+        if len(chunk) >= config.chunk_rows or size >= config.chunk_bytes:
+            chunks.append(chunk)
+            chunk, size = [], 0
+    if chunk:
+        chunks.append(chunk)
+    return [[records[i] for i in sorted(chunk)] for chunk in chunks]
+
+
+def _category(record: RawRecord) -> object:
+    return record.value.get("category") if isinstance(record.value, dict) else None
 
 
 def _finish(index, pending, first_row, skip):

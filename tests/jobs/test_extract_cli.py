@@ -235,7 +235,7 @@ def test_summary_warns_when_prompts_are_far_from_full():
             "rows_skipped": 0, "wall_seconds": 1.0, "docs_per_prompt": 6}
     mixed = dict(base, prompts=800, products_per_prompt=1.12)
     assert "prompts held 1.12 products on average against J = 6" in extract._summary(mixed, "out")
-    assert "sort or partition the input by category" in extract._summary(mixed, "out")
+    assert "sort or partition it by category" in extract._summary(mixed, "out")
     for quiet in (dict(base, prompts=160, products_per_prompt=5.6), dict(base, prompts=40, products_per_prompt=1.2),
                   dict(base, prompts=800, products_per_prompt=1.0, docs_per_prompt=1), dict(base, prompts=0, products_per_prompt=None)):
         assert "products on average" not in extract._summary(quiet, "out"), quiet

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from jobs import extract
-from jobs.config import from_args
+from jobs.config import from_args, run_id_for
 from pipelines.build import ResourceConfig, await_gpus, size_actors
 from pipelines.extract_stage import COMPILE_MIN_PRODUCTS_PER_ACTOR
 
@@ -161,13 +161,39 @@ def test_an_output_started_with_a_typed_default_before_resumes_under_its_own_id(
 
     args = parse("--output", tmp_path / "out", "--model", "default", "--decoder", "dry-run")
     config = from_args(args)
-    (former,) = config.former_run_ids
-    assert former != config.output.run_id and from_args(parse("--output", tmp_path / "out")).former_run_ids == ()
-    commit.claim_output(config.output.uri, former, {**config.arguments, "model": {"model_uri": "default"}})
+    then = {**config.arguments, "model": {"model_uri": "default"}}  # the identity then: typed, chunks of consecutive rows
+    then["read"] = {k: v for k, v in then["read"].items() if k != "group_chunks"}
+    former = run_id_for(then)
+    assert former in config.former_run_ids and former != config.output.run_id
+    commit.claim_output(config.output.uri, former, then)
     args.overwrite = False
     plan = preflight(config, args)
     assert plan.run_id == former == plan.existing_run  # a resume, not another job
     assert config.as_run(plan.run_id).extract.run_id == config.as_run(plan.run_id).output.run_id == former
+    assert config.as_run(plan.run_id).prepare.read.group_chunks == 1  # read as it was then
+
+
+def test_an_output_started_before_grouping_resumes_reading_chunks_as_then(tmp_path):
+    """Until 2026-11-29 chunks were consecutive rows (group_chunks 1, not part of the identity). The
+    same command now, with the default grouping, resumes such an output under its id and cuts its
+    input as then (another cut would misalign its committed chunks); --group-chunks 1 typed is that
+    same job; another --group-chunks is another job."""
+    from jobs.checks import preflight
+    from pipelines import commit
+
+    args = parse("--output", tmp_path / "out", "--decoder", "dry-run")
+    config = from_args(args)
+    assert config.prepare.read.group_chunks == 8 and config.arguments["read"]["group_chunks"] == 8
+    ungrouped = from_args(parse("--output", tmp_path / "out", "--decoder", "dry-run", "--group-chunks", "1"))
+    assert "group_chunks" not in ungrouped.arguments["read"] and ungrouped.output.run_id in config.former_run_ids
+    assert from_args(parse("--output", tmp_path / "out", "--decoder", "dry-run", "--group-chunks", "3")).former_runs == ()
+    commit.claim_output(config.output.uri, ungrouped.output.run_id, ungrouped.arguments)
+    args.overwrite = False
+    plan = preflight(config, args)
+    assert plan.run_id == ungrouped.output.run_id == plan.existing_run
+    resumed = config.as_run(plan.run_id)
+    assert resumed.prepare.read.group_chunks == 1 and resumed.output.run_id == ungrouped.output.run_id
+    assert config.as_run(config.output.run_id).prepare.read.group_chunks == 8  # its own id: as configured
 
 
 def test_typing_a_default_model_or_dtype_is_the_same_job(tmp_path):

@@ -54,6 +54,88 @@ def test_chunks_close_on_rows_or_bytes_and_skip_without_parsing(tmp_path):
     assert sizes == [[0, 1], None, [6, 7, 8, 9]]  # chunk 0 closed by bytes, 1 skipped, 2 by rows
 
 
+def _categorised(rng_seed: int, n: int, categories: int) -> list[str]:
+    import random
+
+    rng = random.Random(rng_seed)
+    lines = []
+    for i in range(n):
+        kind = rng.random()
+        if kind < 0.1:
+            lines.append("not json")
+        elif kind < 0.15:
+            lines.append(json.dumps({"product_id": str(i), "category": 7}))  # not a string: no category
+        else:
+            lines.append(json.dumps({"product_id": str(i), "category": f"c{rng.randrange(categories)}", "pad": "x" * rng.randrange(40)}))
+    return lines
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 10**6), st.integers(0, 60), st.integers(1, 9), st.integers(1, 5), st.integers(1, 6))
+def test_grouped_chunks_hold_every_row_once_grouped_by_category(tmp_path, seed, n, chunk_rows, group_chunks, categories):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(line + "\n" for line in _categorised(seed, n, categories)))
+    config = ReadConfig(str(path), chunk_rows=chunk_rows, group_chunks=group_chunks)  # chunks close on rows here
+    (shard,) = plan_shards(config)
+    chunks = list(iter_chunks(shard, config))
+    assert [index for index, _ in chunks] == list(range(len(chunks)))
+    rows = [[r.row for r in records] for _, records in chunks]
+    assert sorted(r for chunk in rows for r in chunk) == list(range(n))  # every row once
+    assert all(chunk == sorted(chunk) and 0 < len(chunk) <= chunk_rows for chunk in rows)
+    window = chunk_rows * group_chunks
+    for start in range(0, n if group_chunks > 1 else 0, window):  # in a window, a category's rows fill consecutive chunks
+        held = {index: {c for r in records if start <= r.row < start + window and isinstance(c := reader._category(r), str)}
+                for index, records in chunks}
+        for category in set().union(*held.values()):
+            indices = [index for index, categories in held.items() if category in categories]
+            for between in range(indices[0] + 1, indices[-1]):  # only it (and rows without a category) in between
+                assert held[between] <= {category}, (category, indices, held)
+    again = list(iter_chunks(shard, config, skip=frozenset({0, 2})))  # the same cut every time; skipped ones unparsed
+    assert [None if i in (0, 2) else [r.row for r in records] for i, records in chunks] == [
+        None if records is None else [r.row for r in records] for _, records in again]
+    if group_chunks == 1:  # chunks of consecutive rows, as before grouping
+        assert [r for chunk in rows for r in chunk] == list(range(n))
+
+
+def test_grouped_windows_and_chunks_close_on_bytes(tmp_path):
+    path = tmp_path / "in.jsonl"  # lines of 48 bytes, categories b, a, b, a, ...
+    path.write_text("".join(json.dumps({"category": "ab"[i % 2 == 0], "pad": "x" * (12 - len(str(i))), "i": i}) + "\n"
+                            for i in range(10)))
+    assert {len(line) for line in path.read_bytes().splitlines(keepends=True)} == {48}
+    config = ReadConfig(str(path), chunk_rows=100, chunk_bytes=96, group_chunks=2)  # windows of 4 rows, chunks of 2
+    (shard,) = plan_shards(config)
+    rows = [[r.row for r in records] for _, records in iter_chunks(shard, config)]
+    assert rows == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 9]]  # each window: its b rows, then its a rows
+
+
+def test_an_input_in_category_order_is_cut_as_consecutive_rows(tmp_path):
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps({"product_id": str(i), "category": f"z{i // 7}" if i % 11 else 5}) for i in range(100)]
+    path.write_text("".join(line + "\n" for line in lines[:40]) + "broken\n" + "".join(line + "\n" for line in lines[40:]))
+
+    def chunks(group_chunks):
+        config = ReadConfig(str(path), chunk_rows=6, group_chunks=group_chunks)
+        (shard,) = plan_shards(config)
+        return [[r.row for r in records] for _, records in iter_chunks(shard, config)]
+
+    assert chunks(8) == chunks(1)
+
+
+def test_grouping_fills_chunks_with_fewer_categories(tmp_path):
+    """Rows of 20 categories mixed row by row: chunks of 10 consecutive rows hold about 8 categories
+    each; grouped over windows of 8 chunks, about 3."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"product_id": str(i), "category": f"c{(i * 7) % 20}"}) + "\n" for i in range(800)))
+
+    def categories_per_chunk(group_chunks):
+        config = ReadConfig(str(path), chunk_rows=10, group_chunks=group_chunks)
+        (shard,) = plan_shards(config)
+        chunks = [{r.value["category"] for r in records} for _, records in iter_chunks(shard, config)]
+        return sum(map(len, chunks)) / len(chunks)
+
+    assert categories_per_chunk(1) == 10 and categories_per_chunk(8) <= 3
+
+
 def test_parquet_gzip_unsupported_hidden_and_limit(tmp_path):
     pq.write_table(pa.table({"product_id": ["a", "b", "c"], "n": [1, 2, 3]}), tmp_path / "1.parquet")
     with gzip.open(tmp_path / "2.jsonl.gz", "wt") as f:
