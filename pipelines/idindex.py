@@ -9,9 +9,10 @@ pipelines/dedup.py. It takes one map and one reduce step over hash partitions of
 shards ──map_shards, a task per group of shards──▶ runs of (id, hash, shard, row, valid) by fine partition  _dedup/<build>/map/
 earlier outputs: unfinished ones' manifests ──map_manifests──▶ runs of ids by fine partition          _dedup/<build>/map/
 runs + finished earlier outputs' id files (slotted alike) ──reduce_interval, a task per hash interval──▶
-        verdicts of the rows that have one (duplicates, skipped), grouped by shard                 _dedup/<build>/verdicts/
+        verdicts of the rows that have one (duplicates, skipped), grouped by shard                 _dedup/<build>/intervals/
         the ids this output holds, by fine partition, for later --skip-existing runs                _dedup/<build>/ids/
-_dedup/_index.json (written last): per shard its rows and the byte ranges of its verdicts; the id files:
+intervals' verdicts ──gather_verdicts, a task per map group that has any──▶ one file per group, by shard  _dedup/<build>/verdicts/
+_dedup/_index.json (written last): per shard its rows and the byte range of its verdicts; the id files:
         fine partitions [lo, hi) with their counts and byte offsets
 ```
 
@@ -50,7 +51,7 @@ import ray
 
 from pipelines import commit, dedup, io, reader
 from pipelines.idruns import FINE_BITS, FINE_PARTITIONS, read_slots
-from pipelines.idtasks import MAP_MANIFESTS, MAP_SHARDS, REDUCE_INTERVAL, Run, id_run, ranges
+from pipelines.idtasks import GATHER_VERDICTS, MAP_MANIFESTS, MAP_SHARDS, REDUCE_INTERVAL, Run, id_run, ranges
 
 if TYPE_CHECKING:  # prepare imports this module
     from pipelines.prepare import PrepareConfig
@@ -193,30 +194,46 @@ def build_index(
     task = {"num_cpus": config.cpus, "retry_exceptions": True}  # e.g. S3 errors; the tasks' writes are idempotent
     limit = config.ids_per_partition
     settings = ray.put(prepare)  # one copy in the object store, not one per task (a schema can be megabytes)
-    groups = map_groups(shards, config.map_bytes)
-    mapped = ray.get([MAP_SHARDS.options(**task).remote(group, settings, build, limit) for group in groups])
+    shard_groups = map_groups(shards, config.map_bytes)
+    mapped = ray.get([MAP_SHARDS.options(**task).remote(group, settings, build, limit) for group in shard_groups])
     rows = [0] * len(shards)
     for result in mapped:
         for ordinal, count in result["rows"]:
             rows[ordinal] = count
-    groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
+    manifest_groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
     mapped_earlier = [run for runs in ray.get([MAP_MANIFESTS.options(**task).remote(i, group, build, limit)
-                                               for i, group in enumerate(groups)]) for run in runs]
+                                               for i, group in enumerate(manifest_groups)]) for run in runs]
     runs = [run for shard in mapped for run in shard["runs"]]
     earlier_runs = mapped_earlier + list(earlier.id_runs)
     log.info("id index: %d shards mapped by %d tasks into %d runs; %d runs of earlier outputs (%.1f s)", len(shards),
-             len(groups), len(runs), len(earlier_runs), time.time() - started)
+             len(shard_groups), len(runs), len(earlier_runs), time.time() - started)
 
     counts = sum((run.counts for run in runs + earlier_runs), np.zeros(FINE_PARTITIONS, np.int64))
     intervals = cut(counts, limit)
+    starts = [group[0][0] for group in shard_groups]
     reduced = ray.get([REDUCE_INTERVAL.options(**task).remote(
-        number, lo, hi, ranges(runs, lo, hi), ranges(earlier_runs, lo, hi), len(shards), build)
+        number, lo, hi, ranges(runs, lo, hi), ranges(earlier_runs, lo, hi), len(shards), build, starts)
         for number, (lo, hi) in enumerate(intervals)])
 
-    verdicts = [[] for _ in shards]
+    # each map group's verdicts: one byte range of each interval's file that has any, gathered into one
+    # file per group, so a shard's verdicts are one range (with --skip-existing on a mostly done
+    # catalog every shard has some in every interval: 30,000 shards x 316 intervals of ranges before)
+    parts: list[list[tuple[str, int, int]]] = [[] for _ in shard_groups]
     for result in reduced:
-        for shard, start, end in result["slots"]:
-            verdicts[shard].append((result["verdicts"], int(start), int(end)))
+        if result["verdicts"] is not None:
+            offsets = result["group_offsets"]
+            for g in range(len(shard_groups)):
+                if offsets[g + 1] > offsets[g]:
+                    parts[g].append((io.join(build, result["verdicts"]), int(offsets[g]), int(offsets[g + 1])))
+    wanted = [g for g in range(len(shard_groups)) if parts[g]]
+    gathered = ray.get([GATHER_VERDICTS.options(**task).remote(g, starts[g], len(shard_groups[g]), parts[g], build)
+                        for g in wanted])
+    verdicts = [[] for _ in shards]
+    for g, result in zip(wanted, gathered):
+        offsets = result["offsets"]
+        for n in range(len(shard_groups[g])):
+            if offsets[n + 1] > offsets[n]:
+                verdicts[starts[g] + n].append((result["verdicts"], int(offsets[n]), int(offsets[n + 1])))
     index = {
         "build": name,
         "shards": [{"shard_id": s.shard_id, "rows": n, "verdicts": v} for s, n, v in zip(shards, rows, verdicts)],
@@ -229,8 +246,8 @@ def build_index(
         "seconds": round(time.time() - started, 3),
     }
     io.write_json(io.join(output_uri, INDEX_DIR, MARKER), index)
-    for run in runs + mapped_earlier:
-        io.delete_if_exists(run.uri)
+    for uri in [run.uri for run in runs + mapped_earlier] + [io.join(build, r["verdicts"]) for r in reduced if r["verdicts"]]:
+        io.delete_if_exists(uri)  # the maps' runs and the intervals' verdicts: all gathered
     log.info("id index: %d intervals, %d duplicates, %d rows already in earlier outputs (%.1f s)", len(intervals),
              index["duplicates"], index["existing"], index["seconds"])
     return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]))

@@ -1,4 +1,5 @@
-"""The id index's Ray tasks (pipelines/idindex.py plans them): map a group of shards, map earlier manifests, reduce an interval.
+"""The id index's Ray tasks (pipelines/idindex.py plans them): map a group of shards, map earlier
+manifests, reduce an interval, gather a group's verdicts.
 
 Each task reads and writes whole files under the index's build directory, holds about ``limit`` id
 rows at most (a map task: ``limit`` plus one chunk; a reduce task: its interval's), and returns only
@@ -87,22 +88,23 @@ def map_manifests(number: int, manifests: list[str], build: str, limit: int) -> 
     return runs
 
 
-def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, shards: int, build: str) -> dict:
+def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, shards: int, build: str,
+                    group_starts: list[int]) -> dict:
     """Reduce step of fine partitions [lo, hi): decide their rows; write the verdicts (slotted by shard)
     and the ids this output holds (slotted by fine partition). ``inputs``: byte ranges of input runs,
-    ``earlier``: of earlier outputs' ids, as (uri, start, end)."""
+    ``earlier``: of earlier outputs' ids, as (uri, start, end). Returns where each map group's
+    shards' verdicts are (``group_starts``: each group's first shard): one byte range per group."""
     rows = _concat([read_slots(*part, dedup.ID_ROWS_SCHEMA) for part in inputs], dedup.ID_ROWS_SCHEMA)
     existing = [read_slots(*part, dedup.DONE_IDS_SCHEMA)["product_id"] for part in earlier]
     existing = pa.chunked_array([chunk for column in existing for chunk in column.chunks], pa.string())
     verdicts, done = dedup.decide(rows, existing)
     duplicates = int((verdicts["verdict"].to_numpy() == dedup.Verdict.DUPLICATE).sum())
-    result = {"verdicts": None, "slots": [], "ids": None, "duplicates": duplicates,
+    result = {"verdicts": None, "group_offsets": None, "ids": None, "duplicates": duplicates,
               "existing": verdicts.num_rows - duplicates}
     if verdicts.num_rows:
-        result["verdicts"] = f"verdicts/{number:06d}.arrow"
-        counts, offsets = write_slotted(io.join(build, result["verdicts"]), verdicts,
-                                        verdicts["shard"].to_numpy(), shards)
-        result["slots"] = [(s, offsets[s], offsets[s + 1]) for s in range(shards) if counts[s]]
+        result["verdicts"] = f"intervals/{number:06d}.arrow"
+        _, offsets = write_slotted(io.join(build, result["verdicts"]), verdicts, verdicts["shard"].to_numpy(), shards)
+        result["group_offsets"] = [offsets[s] for s in [*group_starts, shards]]
     if done.num_rows:
         uri = f"ids/{number:06d}.arrow"
         counts, offsets = write_slotted(io.join(build, uri), done, fine_partitions(done["hash"]), FINE_PARTITIONS)
@@ -110,6 +112,19 @@ def reduce_interval(number: int, lo: int, hi: int, inputs: list, earlier: list, 
     del rows, existing, verdicts, done
     _release()
     return result
+
+
+def gather_verdicts(number: int, first: int, count: int, parts: list, build: str) -> dict:
+    """The verdicts of one map group's shards ``[first, first + count)``, gathered from the intervals'
+    files (``parts``: one byte range of each that has any) into one file slotted by shard, so that
+    each shard's verdicts are one range of one file whatever the number of intervals. Returns its
+    name and each shard's (start, end)."""
+    table = _concat([read_slots(*part, dedup.VERDICTS_SCHEMA) for part in parts], dedup.VERDICTS_SCHEMA)
+    uri = f"verdicts/{number:06d}.arrow"
+    _, offsets = write_slotted(io.join(build, uri), table, table["shard"].to_numpy() - first, count)
+    del table
+    _release()
+    return {"verdicts": uri, "offsets": offsets}
 
 
 def id_run(uri: str, lo: int, hi: int, counts: list[int], offsets: list[int]) -> Run:
@@ -136,3 +151,4 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
 MAP_SHARDS = ray.remote(max_calls=1)(map_shards)
 MAP_MANIFESTS = ray.remote(max_calls=1)(map_manifests)
 REDUCE_INTERVAL = ray.remote(max_calls=1)(reduce_interval)
+GATHER_VERDICTS = ray.remote(max_calls=1)(gather_verdicts)

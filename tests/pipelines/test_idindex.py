@@ -109,6 +109,10 @@ def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path, ma
     assert meta["duplicates"] == sum(v == dedup.Verdict.DUPLICATE for v in expected.values())
     assert not list((output / INDEX_DIR / meta["build"] / "map").glob("*"))  # map runs deleted
     assert [s["rows"] for s in meta["shards"]] == [150, 150, 150]  # each shard's own count, grouped or not
+    assert all(len(s["verdicts"]) <= 1 for s in meta["shards"])  # one range each, however many intervals
+    assert sum(len(s["verdicts"]) for s in meta["shards"]) >= 2 and len(meta["ids"]) >= 3
+    build = output / INDEX_DIR / meta["build"]
+    assert not list((build / "intervals").glob("*")) and list((build / "verdicts").glob("*"))  # gathered, then deleted
 
 
 def _ids_of(shards, prepare) -> list[str]:
