@@ -233,15 +233,74 @@ def test_bench_records_end_to_end(capsys, tmp_path, tokenizer_dir, records):
     assert f"prefill forwards auto: at most {PREFILL_TOKENS_CPU} new tokens" in (out / "bench.md").read_text()
 
 
-def test_bench_records_with_spans(capsys, tmp_path, tokenizer_dir, records):
-    """--spans: both decoders decode values as spans of the products' text, and the report says so."""
+def test_agreement_matches_slots_by_product_and_attribute():
+    """bench.compare.agreement on hand-made results: slots are matched by product id and attribute
+    name, whatever the stacking (one product a prompt against two) and attribute order; a null
+    agrees with a null; a request that failed (error) leaves its products out on both sides."""
+    from bench.compare import agreement
+    from hpd_core.types import Result, Value
+
+    shoes, coffee = (Attribute("Brand"), Attribute("Color")), (Attribute("Flavor"),)
+    a, b, c = Product("a", "Nike red"), Product("b", "Acme blue"), Product("c", "Fila black")
+    d = Product("d", "Maxwell vanilla")
+
+    def result(attributes, products, values, error=None):
+        request = Request("Shoes" if attributes != coffee else "Coffee", attributes, products)
+        return Result(request, tuple(tuple(Value(v) for v in row) for row in values), 0, 0, 0, "x", error)
+
+    ar = [  # one product a prompt; c's request failed
+        result(shoes, (a,), [["Nike", "red"]]),
+        result(shoes, (b,), [[None, "blue"]]),
+        result(shoes, (c,), [[None, None]], error="out of device memory"),
+        result(coffee, (d,), [["vanilla"]]),
+    ]
+    hpd = [  # a and b stacked, the attributes in another order; d's request failed
+        result(shoes[::-1], (b, a), [["blue", None], ["white", "Nike"]]),
+        result(shoes, (c,), [["Fila", "black"]]),
+        result(coffee, (d,), [["mocha"]], error="out of device memory"),
+    ]
+    # compared: a/Brand (same), a/Color (red against white), b/Brand (both null), b/Color (same)
+    assert agreement(ar, hpd) == 3 / 4
+    assert agreement(hpd, ar) == 3 / 4
+    assert agreement(ar, ar) == 1.0
+    assert agreement(ar[2:3], hpd) is None and agreement([], hpd) is None  # nothing in common
+
+
+@pytest.mark.parametrize("spans", ["--spans", "--spans=off"])
+def test_bench_records_with_spans(capsys, tmp_path, tokenizer_dir, records, monkeypatch, spans):
+    """--spans: both decoders decode values as spans of the products' text: every non-null value
+    of either, as timed, is part of its own product's title in the records file (random weights
+    of --seed 4, whose HPD writes non-null values there, "Flo" and "-T" among them), and the
+    report says so. --spans=off
+    turns it off in both decoders. (The random model's baseline writes no JSON it could read values
+    from, all null: its span rule is checked in tests/hpd_core/test_autoregressive.py.)"""
+    import bench.compare
+
+    timed, decoded = bench.compare.timed, {}
+
+    def recording(name, decoder, *args):
+        run = timed(name, decoder, *args)
+        decoded[name] = (decoder.spans is not None, run["results"])
+        return run
+
+    monkeypatch.setattr(bench.compare, "timed", recording)
     out = tmp_path / "out"
     run_bench(capsys, [
-        "--records", records[0], "--attributes", records[1], "--limit", "4", "--docs-per-prompt", "2", "--spans",
-        "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "3", "--out", str(out),
+        "--records", records[0], "--attributes", records[1], "--limit", "4", "--docs-per-prompt", "2", spans, "--seed", "4",
+        "--random-arch", "tiny", "--tokenizer", tokenizer_dir, "--max-value-tokens", "6", "--out", str(out),
     ])  # fmt: skip
     report = json.loads((out / "bench.json").read_text())
-    assert report["decode"]["spans"] == "on" and report["ar"]["products"] == report["hpd"]["products"] == 4
+    on = spans == "--spans"
+    assert report["decode"]["spans"] == ("on" if on else "off")
+    assert report["ar"]["products"] == report["hpd"]["products"] == 4
+    assert {name: spanned for name, (spanned, _) in decoded.items()} == {"ar": on, "hpd": on}
+    if not on:
+        return
+    titles = {r["product_id"]: r["title"] for r in map(json.loads, open(records[0]))}
+    values = {name: [(p.product_id, v.value) for r in results for p, _, v in r.items() if v.value is not None]
+              for name, (_, results) in decoded.items()}  # fmt: skip
+    assert any(len(value) > 1 for _, value in values["hpd"]), values  # not vacuous
+    assert all(value in titles[pid] for written in values.values() for pid, value in written), values
 
 
 def test_bench_records_matched_baseline(capsys, tmp_path, tokenizer_dir, records):

@@ -117,7 +117,9 @@ def test_config_compiles_large_models_on_cuda_and_bfloat16_on_a_cpu_by_default()
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_compiled_decoding_equals_the_oracle(models, tokenizer, arch):
     """compile_layers="on" on the CPU, float32: HPD (packed and fixed steps) and the baseline ==
-    their oracles, token for token or parting at a float32 tie."""
+    their oracles, token for token or parting at a float32 tie. On a CPU that is for_cpu's pieces,
+    which compile calls of CPU_MIN_TOKENS tokens or more: the prefills here; the decode steps run
+    eagerly (compiled decode steps: test_cpu_pieces_decode_as_the_oracle)."""
     model = models[arch]
     requests = [random_request(random.Random(40 + i), 3, 3) for i in range(3)]
     for step_shape in ("packed", "fixed"):
@@ -229,21 +231,48 @@ def test_cpu_pieces_compile_the_element_wise_work_alone(models, tokenizer):
     assert any("silu" in op for op in ops(graphs)) and any("linear" in op for op in ops(graphs))
 
 
+def compile_every_call(decoder) -> list[str]:
+    """Give ``decoder`` the CPU's compiled pieces with every call compiled (min_tokens 0: the
+    decode steps too, which for_cpu's CPU_MIN_TOKENS leaves eager); returns a list that gathers
+    the kind of forward ("prefill", "step", ...) of every piece call that ran compiled."""
+    runner, kinds, now = decoder.runner, [], ["?"]
+    compiled = runner.compiled = CompiledLayers(runner.body, min_tokens=0, gelu_products=True)
+    runner.listeners.append(lambda kind, tokens, rows: now.__setitem__(0, kind))  # told before the body runs
+    eager_now = compiled._eager_now
+
+    def recording(tokens):
+        eager = eager_now(tokens)
+        if not eager:
+            kinds.append(now[0])
+        return eager
+
+    compiled._eager_now = recording
+    return kinds
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
 def test_cpu_pieces_decode_as_the_oracle(models, tokenizer, arch):
-    """The CPU's compiled pieces (inductor, every call compiled: min_tokens 0), float32: HPD == its
-    oracle token for token or parting at a float32 tie, and the baseline likewise."""
+    """The CPU's compiled pieces (inductor) with every call compiled, decode steps included,
+    packed and fixed, float32: HPD == its oracle token for token or parting at a float32 tie, and
+    the baseline likewise. (test_compiled_decoding_equals_the_oracle runs for_cpu's pieces, whose
+    decode steps, under CPU_MIN_TOKENS tokens, run eagerly.)"""
     model = models[arch]
     requests = [random_request(random.Random(80 + i), 3, 3) for i in range(2)]
-    config = DecodeConfig(max_value_tokens=6, max_batch_size=2)
-    hpd = make_decoder("hpd", model, tokenizer, config)
-    hpd.runner.compiled = CompiledLayers(hpd.runner.body, min_tokens=0, gelu_products=True)
-    reference = ReferenceDecoder(model, tokenizer, config)
-    for request, a, b in zip(requests, hpd.decode(requests), reference.decode(requests)):
-        slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
-    assert not hpd.runner.compiled.failed
-    ar = AutoregressiveDecoder(model, tokenizer, config)
-    ar.runner.compiled = CompiledLayers(ar.runner.body, min_tokens=0, gelu_products=True)
-    ar_reference = AutoregressiveReference(model, tokenizer, config)
-    for request, a, b in zip(requests, ar.decode(requests), ar_reference.decode(requests)):
-        parts_at_a_tie(model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
+    oracle_config = DecodeConfig(max_value_tokens=6)
+    reference = ReferenceDecoder(model, tokenizer, oracle_config)
+    ar_reference = AutoregressiveReference(model, tokenizer, oracle_config)
+    slow, ar_slow = reference.decode(requests), ar_reference.decode(requests)
+    for step_shape in ("packed", "fixed"):
+        config = DecodeConfig(max_value_tokens=6, max_batch_size=2, step_shape=step_shape)
+        hpd = make_decoder("hpd", model, tokenizer, config)
+        kinds = compile_every_call(hpd)
+        for request, a, b in zip(requests, hpd.decode(requests), slow):
+            slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
+        assert not hpd.runner.compiled.failed and hpd.runner.sessions[step_shape] == 1
+        assert "step" in kinds and "prefill" in kinds, (step_shape, set(kinds))  # decode steps ran compiled
+        ar = AutoregressiveDecoder(model, tokenizer, config)
+        kinds = compile_every_call(ar)
+        for request, a, b in zip(requests, ar.decode(requests), ar_slow):
+            parts_at_a_tie(model, ar_reference.prompt_ids(request), a.extra["tokens"], b.extra["tokens"])
+        assert not ar.runner.compiled.failed and ar.runner.sessions[step_shape] == 1
+        assert "step" in kinds and "prefill" in kinds, (step_shape, set(kinds))

@@ -47,17 +47,38 @@ def batches(draw):
     return [random_request(rng, j, n, words) for j, n, words in shapes], k_max
 
 
+def assert_hpd_equals_reference_oracle(model, tokenizer, requests, config):
+    """HPD == the no-cache oracle; returns the step shape HPD's batches took (the runner's count)."""
+    decoder = make_decoder("hpd", model, tokenizer, config)
+    fast = decoder.decode(requests)
+    for a, b in comparable(make_decoder("reference", model, tokenizer, config), requests, fast):
+        assert a.values == b.values
+        assert a.generated_tokens == b.generated_tokens
+        assert a.forward_passes == b.forward_passes
+    sessions = decoder.runner.sessions
+    assert bool(sessions["fixed"]) != bool(sessions["packed"]), sessions
+    return "fixed" if sessions["fixed"] else "packed"
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @SETTINGS
 @given(case=batches())
 def test_hpd_equals_reference_oracle(models, tokenizer, arch, case):
+    """Packed steps (a CPU's), every architecture."""
     requests, k_max = case
-    config = DecodeConfig(max_value_tokens=k_max)
-    fast = make_decoder("hpd", models[arch], tokenizer, config).decode(requests)
-    for a, b in comparable(make_decoder("reference", models[arch], tokenizer, config), requests, fast):
-        assert a.values == b.values
-        assert a.generated_tokens == b.generated_tokens
-        assert a.forward_passes == b.forward_passes
+    config = DecodeConfig(max_value_tokens=k_max, step_shape="packed")
+    assert assert_hpd_equals_reference_oracle(models[arch], tokenizer, requests, config) == "packed"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3-swa"])  # full, mixed sliding + full, GQA + head_dim
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=batches(), check_every=st.sampled_from([1, 2, 4]))
+def test_hpd_fixed_steps_equal_reference_oracle(models, tokenizer, arch, case, check_every):
+    """Fixed steps (a GPU's: every row feeds all its slots at fixed cache places, finished prompts
+    found every check_every steps), on the CPU, against the same oracle."""
+    requests, k_max = case
+    config = DecodeConfig(max_value_tokens=k_max, step_shape="fixed", check_every=check_every)
+    assert assert_hpd_equals_reference_oracle(models[arch], tokenizer, requests, config) == "fixed"
 
 
 def test_only_a_float_tie_excuses_a_slot_difference(models, tokenizer):
@@ -79,12 +100,20 @@ def test_only_a_float_tie_excuses_a_slot_difference(models, tokenizer):
 
 
 def test_oracle_test_is_not_vacuous(models, tokenizer):
-    """The random models both stop values and truncate them, so the oracle test covers both."""
+    """The random models' slots write tokens that differ from slot to slot and in length, and end
+    every way a value can: closed with a value, closed as null, truncated at K_max. So the oracle
+    tests compare real decodings (not, say, every slot null or the same few tokens everywhere)."""
     rng = random.Random(7)
     requests = [random_request(rng, 3, 4) for _ in range(6)]
     results = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=6)).decode(requests)
-    flags = [v.truncated for r in results for row in r.values for v in row]
-    assert any(flags) and not all(flags)
+    values = [v for r in results for row in r.values for v in row]
+    assert any(v.value is not None and not v.truncated for v in values)  # closed, non-null
+    assert any(v.value is None and not v.truncated for v in values)  # closed null
+    assert any(v.truncated for v in values)
+    tokens = [tuple(t) for slots in slot_tokens(results) for t in slots]
+    assert len(tokens) == len(values) == 72
+    assert len(set(tokens)) > len(tokens) * 3 // 4  # slots write their own tokens
+    assert len({len(t) for t in tokens}) >= 3 and min(len(t) for t in tokens) >= 2
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -162,10 +191,20 @@ def test_alone_equals_in_batch(models, tokenizer, arch):
 
 
 def test_token_budget_splits_batches_without_changing_results(models, tokenizer):
+    """A token budget of 1 entry: one request at a time (each prefill starts one row), where the
+    default budget starts several rows in one prefill; the tokens are the same."""
     rng = random.Random(9)
     requests = [random_request(rng, rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 10)) for _ in range(6)]
-    big = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=6)).decode(requests)
-    small = make_decoder("hpd", models["llama"], tokenizer, DecodeConfig(max_value_tokens=6, batch_token_budget=1)).decode(requests)
+
+    def decode(config):
+        decoder = make_decoder("hpd", models["llama"], tokenizer, config)
+        prefill_rows = []
+        decoder.runner.listeners.append(lambda kind, tokens, rows: kind == "prefill" and prefill_rows.append(rows))
+        return decoder.decode(requests), prefill_rows
+
+    big, big_rows = decode(DecodeConfig(max_value_tokens=6))
+    small, small_rows = decode(DecodeConfig(max_value_tokens=6, batch_token_budget=1))
+    assert small_rows == [1] * len(requests) and max(big_rows) > 1 and sum(big_rows) == len(requests)
     assert slot_tokens(big) == slot_tokens(small)
     assert [r.request for r in small] == requests  # results come back in request order
 
@@ -250,13 +289,27 @@ def test_seeded_sampling_is_reproducible(models, tokenizer):
 
 
 def test_baseline_decodes_every_slot(models, tokenizer):
+    """Known answers (each request's JSON, values null or text with quotes and accents) forced
+    through one batch of requests of different shapes: every product's every value comes back as
+    written, in its own request. (The baseline's free decoding against its
+    no-cache oracle, token for token: test_autoregressive.py::test_baseline_equals_reference.)"""
+    from hpd_core.prompts import render_answer
+
+    from .conftest import random_text
+
     rng = random.Random(6)
-    requests = [random_request(rng, rng.randint(1, 3), rng.randint(1, 3)) for _ in range(3)]
-    results = make_decoder("ar", models["llama"], tokenizer, DecodeConfig(max_value_tokens=4)).decode(requests)
-    for request, result in zip(requests, results):
-        assert len(result.values) == len(request.products)
-        assert all(len(row) == len(request.attributes) for row in result.values)
-        assert result.generated_tokens > 0 and result.error is None
+    requests = [random_request(rng, j, n) for j, n in ((3, 2), (1, 3), (2, 1))]
+    values = [[[rng.choice([None, random_text(rng, 2)]) for _ in r.attributes] for _ in r.products] for r in requests]
+    flat = [v for vs in values for row in vs for v in row]
+    assert None in flat and any(v and '"' in v for v in flat) and any(v and "é" in v for v in flat)
+    forced = [encode(tokenizer, render_answer(r, v)[2:]) for r, v in zip(requests, values)]  # the decoder seeds "{\n"
+    decoder = make_decoder("ar", models["llama"], tokenizer, DecodeConfig(max_value_tokens=4))
+    prompts = [decoder.prompt_ids(r) for r in requests]
+    results = decoder.decode_batch(requests, prompts, [len(f) + 8 for f in forced], forced=forced)
+    for request, expected, result in zip(requests, values, results):
+        assert result.request is request and result.error is None
+        assert [[v.value for v in row] for row in result.values] == expected
+        assert not any(v.truncated or v.parse_error for row in result.values for v in row)
 
 
 def test_baseline_exact_length_mode(models, tokenizer):
