@@ -99,8 +99,10 @@ _SPECIAL_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def special_texts(tokenizer) -> frozenset[str]:
     """The texts ``tokenizer`` reads as a special (control) token wherever they occur in a text:
     ``<eos>``, ``<end_of_turn>``, ``<|im_end|>``, Gemma's ``<unused12>``. Added tokens that are not
-    special (Gemma's ``<table>``) are ordinary text and not included. Read once per tokenizer
-    (Gemma's 6,384 added tokens take milliseconds, every prompt would pay them)."""
+    special (Gemma's ``<table>``) are ordinary text and not included, nor are special tokens that
+    begin with a letter, a digit or whitespace: breaking those would rewrite ordinary words and the
+    JSON's own layout (no tokenizer in use has one; theirs begin with ``<`` or ``[``). Read once per
+    tokenizer (Gemma's 6,384 added tokens take milliseconds, every prompt would pay them)."""
     try:
         return _SPECIAL_TEXTS[tokenizer]
     except (KeyError, TypeError):
@@ -108,7 +110,7 @@ def special_texts(tokenizer) -> frozenset[str]:
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     found = {token.content for token in added.values() if getattr(token, "special", False)}
     found.update(getattr(tokenizer, "all_special_tokens", None) or ())
-    texts = frozenset(t for t in found if t)
+    texts = frozenset(t for t in found if t and not (t[0].isalnum() or t[0].isspace()))
     try:
         _SPECIAL_TEXTS[tokenizer] = texts
     except TypeError:  # not weak-referenceable: read each time

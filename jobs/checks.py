@@ -159,7 +159,7 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     if has_files and existing is None:
         raise ValueError(f"--output {output} holds files that are not an hpd extract output; give a new or empty folder")
     run_id = config.output.run_id
-    if existing is not None and existing.get("run_id") in config.former_run_ids:
+    if existing is not None and existing.get("run_id") in config.former_run_ids and not args.overwrite:
         run_id = existing["run_id"]  # the same job, started by an earlier version: resumed under its id
     same = existing is not None and existing.get("run_id") == run_id
     if existing is not None and not same and not args.overwrite:

@@ -327,6 +327,8 @@ def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputC
         "model": DryRunDecoder.model_name if extract.decoder == DRY_RUN else extract.model_uri,
         "adapter": None if extract.decoder == DRY_RUN else extract.adapter_uri,
         "docs_per_prompt": prepare.stacking.docs_per_prompt,
+        "chunk_rows": prepare.read.chunk_rows,
+        "group_chunks": prepare.read.group_chunks,  # how the input was cut (1 for outputs started before 2026-11-29)
         "max_value_tokens": extract.decode.max_value_tokens,
         "spans_setting": extract.decode.spans,  # the report's "spans" says what ran
         "values_in_text": extract.values_in_text,

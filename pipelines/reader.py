@@ -308,22 +308,27 @@ def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozens
         yield index, _finish(index, pending, first_row, skip)
 
 
+WINDOW_BYTES = 32 << 20  # a window closes at the first chunk boundary past this many raw bytes (parsed: about 4.5x)
+
+
 def _grouped_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int]):
-    """``iter_chunks`` with rows grouped by category: each window of up to ``group_chunks`` x
-    (``chunk_rows``, ``chunk_bytes``) is parsed whole (skipped chunks too: their rows decide where
-    the others fall), its rows of each category put together, and cut into chunks as
-    ``iter_chunks`` cuts rows."""
-    rows, window_bytes = config.chunk_rows * config.group_chunks, config.chunk_bytes * config.group_chunks
-    index, pending, sizes, size, first_row = 0, [], [], 0, 0
+    """``iter_chunks`` with rows grouped by category. A window is ``group_chunks`` chunks of the
+    consecutive cut (fewer once it holds ``WINDOW_BYTES``), so its edges are chunk edges of that
+    cut; it is parsed whole (skipped chunks too: their rows decide where the others fall), its rows
+    of each category put together, and cut into chunks as ``iter_chunks`` cuts rows."""
+    index, pending, sizes, first_row = 0, [], [], 0
+    closed, rows, size, window = 0, 0, 0, 0  # chunks of the consecutive cut in the window; the open one's rows, bytes
     for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
         pending.append(raw)
         sizes.append(_size(raw))
-        size += sizes[-1]
-        if len(pending) >= rows or size >= window_bytes:
-            for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
-                yield index, None if index in skip else records
-                index += 1
-            pending, sizes, size, first_row = [], [], 0, row + 1
+        rows, size, window = rows + 1, size + sizes[-1], window + sizes[-1]
+        if rows >= config.chunk_rows or size >= config.chunk_bytes:
+            closed, rows, size = closed + 1, 0, 0
+            if closed >= config.group_chunks or window >= WINDOW_BYTES:
+                for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
+                    yield index, None if index in skip else records
+                    index += 1
+                pending, sizes, first_row, closed, window = [], [], row + 1, 0, 0
     if pending:
         for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
             yield index, None if index in skip else records

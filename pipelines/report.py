@@ -134,7 +134,8 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["rejected_by_stage"] = dict(sorted(total.rejected_by_stage.items()))
     report["chunks"] = total.chunks
     prompts = total.counts["prompts"]
-    report["products_per_prompt"] = round(products / prompts, 2) if prompts else None  # against J: how full prompts were
+    stacked = products + total.rejected_by_stage.get("extract", 0)  # a failed prompt's products were stacked too
+    report["products_per_prompt"] = round(stacked / prompts, 2) if prompts else None  # against J: how full prompts were
     report["attempts"] = len(attempts)
     report["resumed"] = len(attempts) > 1
     report["wall_seconds"] = round(sum(a.wall_seconds for a in attempts), 3)

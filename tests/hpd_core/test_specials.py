@@ -50,6 +50,17 @@ def test_special_texts_are_the_tokenizers_control_tokens(tokenizer):
     assert special_texts(tokenizer) is special_texts(tokenizer)  # read once per tokenizer
 
 
+def test_special_tokens_spelled_as_words_or_whitespace_are_not_broken():
+    """Breaking a special token that begins with a letter, digit or whitespace would rewrite
+    ordinary words and the JSON's layout; such tokens are left out."""
+    from types import SimpleNamespace
+
+    added = {i: SimpleNamespace(content=c, special=True) for i, c in enumerate(("<eos>", "[INST]", "user", "\n\n", "7x"))}
+    added[9] = SimpleNamespace(content="<table>", special=False)
+    fake = SimpleNamespace(added_tokens_decoder=added, all_special_tokens=["<eos>"])
+    assert special_texts(fake) == {"<eos>", "[INST]"}
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(["<eos>", "<pad>", "<", ">", "eos", "\\", '"', "\n", "u", "003c", "é", "😀", " ", "a"]), max_size=14))
 def test_guard_keeps_the_json_string_and_leaves_no_spelling(pieces):

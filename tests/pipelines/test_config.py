@@ -194,6 +194,9 @@ def test_an_output_started_before_grouping_resumes_reading_chunks_as_then(tmp_pa
     resumed = config.as_run(plan.run_id)
     assert resumed.prepare.read.group_chunks == 1 and resumed.output.run_id == ungrouped.output.run_id
     assert config.as_run(config.output.run_id).prepare.read.group_chunks == 8  # its own id: as configured
+    args.overwrite = True  # starting over is today's job, cut as configured, under today's id
+    fresh = preflight(config, args)
+    assert fresh.run_id == config.output.run_id != ungrouped.output.run_id
 
 
 def test_typing_a_default_model_or_dtype_is_the_same_job(tmp_path):

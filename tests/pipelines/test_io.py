@@ -108,17 +108,36 @@ def test_grouped_windows_and_chunks_close_on_bytes(tmp_path):
     assert rows == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 9]]  # each window: its b rows, then its a rows
 
 
-def test_an_input_in_category_order_is_cut_as_consecutive_rows(tmp_path):
+@pytest.mark.parametrize("chunk_bytes", [16 << 20, 300], ids=["chunks-close-on-rows", "on-bytes-too"])
+def test_an_input_in_category_order_is_cut_as_consecutive_rows(tmp_path, chunk_bytes):
     path = tmp_path / "in.jsonl"
-    lines = [json.dumps({"product_id": str(i), "category": f"z{i // 7}" if i % 11 else 5}) for i in range(100)]
+    lines = [json.dumps({"product_id": str(i), "category": f"z{i // 7}" if i % 11 else 5, "pad": "x" * (i * 37 % 90)})
+             for i in range(100)]
     path.write_text("".join(line + "\n" for line in lines[:40]) + "broken\n" + "".join(line + "\n" for line in lines[40:]))
 
     def chunks(group_chunks):
-        config = ReadConfig(str(path), chunk_rows=6, group_chunks=group_chunks)
+        config = ReadConfig(str(path), chunk_rows=6, chunk_bytes=chunk_bytes, group_chunks=group_chunks)
         (shard,) = plan_shards(config)
         return [[r.row for r in records] for _, records in iter_chunks(shard, config)]
 
     assert chunks(8) == chunks(1)
+
+
+def test_windows_end_where_consecutive_chunks_end(tmp_path):
+    """Chunks closed by bytes hold more than chunk_bytes; a window of G chunks ends where the G-th
+    chunk of the consecutive cut ends, not at G x chunk_bytes (which fell inside a chunk and cut
+    sorted input differently from consecutive rows)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"category": f"c{i // 5}", "pad": "x" * 40}) + "\n" for i in range(20)))
+    assert {len(line) for line in path.read_bytes().splitlines(keepends=True)} == {70}
+
+    def chunks(group_chunks):
+        config = ReadConfig(str(path), chunk_rows=100, chunk_bytes=100, group_chunks=group_chunks)  # 2 rows a chunk
+        (shard,) = plan_shards(config)
+        return [[r.row for r in records] for _, records in iter_chunks(shard, config)]
+
+    assert chunks(1) == [[2 * i, 2 * i + 1] for i in range(10)]
+    assert chunks(2) == chunks(1)  # windows of 4 rows (280 bytes), not 3 (210 >= 2 x 100)
 
 
 def test_grouping_fills_chunks_with_fewer_categories(tmp_path):

@@ -82,6 +82,18 @@ def test_the_report_names_what_ran_per_actor(field, shown):
     assert f"{shown}:" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
 
 
+def test_products_per_prompt_counts_the_products_of_failed_prompts_too():
+    """A prompt that failed stacked its products as well (rejected at the extract stage): they
+    count, so a job of full prompts that failed often is not reported as one of empty prompts."""
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    stats = Stats()
+    stats.add({"rows_in": 45, "products_out": 24, "rejected": 21, "prompts": 10,
+               "rejected_by_stage": {"extract": 16, "validate": 5}})
+    report = build_report(META, stats, stats, [attempt], attempt)
+    assert report["products_per_prompt"] == 4.0 and "Products per prompt: 4.0 (J = " in render_markdown(report)
+    assert build_report(META, Stats(), Stats(), [attempt], attempt)["products_per_prompt"] is None
+
+
 def test_a_job_of_no_products_reports_no_price_per_product():
     attempt = attempts.Attempt("a", 0.0, 0.5, "cpu", 0, 0.0425)
     report = build_report(META, Stats(), Stats(), [attempt], attempt)
