@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipelines import dedup, io, reader
-from pipelines.idindex import INDEX_DIR, MARKER, IndexConfig, build_index, map_groups, shard_verdicts
+from pipelines.idindex import INDEX_DIR, MARKER, IndexConfig, build_index, group_bytes, map_groups, shard_verdicts
 from pipelines.prepare import PrepareConfig
 from pipelines.reader import ReadConfig
 from pipelines.schema import ValidationConfig, parse_schema
@@ -66,11 +66,13 @@ def test_map_groups_are_consecutive_shards_of_about_map_bytes():
     assert [[o for o, _ in g] for g in groups] == [[0, 1], [2, 3], [4, 5, 6]]
     assert [s for g in groups for _, s in g] == shards
     assert [[o for o, _ in g] for g in map_groups(shards, 1)] == [[i] for i in range(7)]
+    assert group_bytes(shards, 10, cpus=2) == 10 and group_bytes(shards, 10, cpus=8) == 5  # 40 bytes: 8 CPUs' worth
+    assert group_bytes(shards, 1 << 30, cpus=1) == 40 and group_bytes(shards, 10, cpus=0.5) == 10
     with pytest.raises(ValueError, match="map_bytes"):
         IndexConfig(map_bytes=0)
 
 
-@pytest.mark.parametrize("map_bytes", [1, 1 << 30], ids=["a-task-per-shard", "one-task-for-all"])
+@pytest.mark.parametrize("map_bytes", [1, 1 << 30], ids=["a-task-per-shard", "a-task-per-cpu"])
 def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path, map_bytes):
     rng = random.Random(7)
     source = tmp_path / "in"
