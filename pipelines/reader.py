@@ -8,7 +8,8 @@ A prompt stacks products of one category from one chunk, so the reader first gro
 category: it reads a *window* of ``group_chunks`` chunks' worth of rows, puts the rows of each
 category together (categories in the order they first appear, rows in file order), and cuts that
 order into chunks (each chunk's rows in row order); an input already in category order is cut as
-before. With
+before (but for Parquet rows' lists, whose strings the grouped cut counts and the consecutive one,
+kept as it was, counts as 8 bytes). With
 ``group_chunks`` 1 a chunk is consecutive rows, as before 2026-11-29. Chunk contents depend only on
 the shard's bytes and the config, so they are the same in every run, which is what makes resume
 exactly-once. A row that cannot be read (malformed line, corrupt or
@@ -270,11 +271,30 @@ def _raw_rows(shard: Shard, block_bytes: int) -> Iterator[bytes | dict | _Unread
 
 
 def _size(raw: bytes | dict | _Unreadable) -> int:
+    """A row's size as the consecutive cut (``group_chunks`` 1) has always counted it: a Parquet
+    row's list column (features) as 8 bytes. Kept as it was: outputs started before 2026-11-29
+    resume with this cut, and another count would move their chunks' edges."""
     if isinstance(raw, bytes):
         return len(raw)
     if isinstance(raw, _Unreadable):
         return len(raw.text)
     return sum(len(v) if isinstance(v, str) else 8 for v in raw.values()) + 8 * len(raw)
+
+
+def _full_size(raw: bytes | dict | _Unreadable) -> int:
+    """A row's size with its Parquet lists' strings counted (the grouped cut's, which bounds a
+    window's memory: a row of long features counted as 8 bytes let a chunk grow past chunk_bytes)."""
+    if not isinstance(raw, dict):
+        return _size(raw)
+    return sum(_value_size(v) for v in raw.values()) + 8 * len(raw)
+
+
+def _value_size(value: object) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return 8 + sum(_value_size(v) for v in value)
+    return 8
 
 
 def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
@@ -320,7 +340,7 @@ def _grouped_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int]):
     closed, rows, size, window = 0, 0, 0, 0  # chunks of the consecutive cut in the window; the open one's rows, bytes
     for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
         pending.append(raw)
-        sizes.append(_size(raw))
+        sizes.append(_full_size(raw))
         rows, size, window = rows + 1, size + sizes[-1], window + sizes[-1]
         if rows >= config.chunk_rows or size >= config.chunk_bytes:
             closed, rows, size = closed + 1, 0, 0

@@ -140,6 +140,21 @@ def test_windows_end_where_consecutive_chunks_end(tmp_path):
     assert chunks(2) == chunks(1)  # windows of 4 rows (280 bytes), not 3 (210 >= 2 x 100)
 
 
+def test_grouped_chunks_count_the_strings_of_parquet_lists(tmp_path):
+    """A Parquet row's features list counts its strings in the grouped cut (the consecutive cut,
+    kept for outputs started before, counts a list as 8 bytes): long features close chunks on bytes."""
+    rows = [{"product_id": str(i), "category": "c", "features": ["x" * 300, "y" * 300]} for i in range(10)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+
+    def chunks(group_chunks):
+        config = ReadConfig(str(tmp_path / "in.parquet"), chunk_rows=100, chunk_bytes=1000, group_chunks=group_chunks)
+        (shard,) = plan_shards(config)
+        return [[r.row for r in records] for _, records in iter_chunks(shard, config)]
+
+    assert chunks(1) == [list(range(10))]  # about 30 bytes a row as counted then
+    assert chunks(8) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # about 650 bytes a row
+
+
 def test_grouping_fills_chunks_with_fewer_categories(tmp_path):
     """Rows of 20 categories mixed row by row: chunks of 10 consecutive rows hold about 8 categories
     each; grouped over windows of 8 chunks, about 3."""
