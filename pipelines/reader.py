@@ -9,11 +9,10 @@ category: it reads a *window* of ``group_chunks`` chunks' worth of rows, puts th
 category together (categories in the order they first appear, rows in file order), and cuts that
 order into chunks (each chunk's rows in row order); an input already in category order is cut as
 before (but for Parquet rows' lists, whose strings the grouped cut counts and the consecutive one,
-kept as it was, counts as 8 bytes). With
-``group_chunks`` 1 a chunk is consecutive rows, as before 2026-11-29. Chunk contents depend only on
-the shard's bytes and the config, so they are the same in every run, which is what makes resume
-exactly-once. A row that cannot be read (malformed line, corrupt or
-unsupported file) becomes a record with ``error`` set, never an exception.
+kept as it was, counts as 8 bytes). With ``group_chunks`` 1 a chunk is consecutive rows, as before
+2026-11-29. Chunk contents depend only on the shard's bytes and the config, so they are the same in
+every run, which is what makes resume exactly-once. A row that cannot be read (malformed line,
+corrupt or unsupported file) becomes a record with ``error`` set, never an exception.
 """
 
 from __future__ import annotations
@@ -43,10 +42,11 @@ class ReadConfig:
     shard_bytes: JSON Lines files larger than this are split into byte ranges read in parallel.
     chunk_rows / chunk_bytes: a chunk closes at whichever comes first; chunks are the unit of
         work, stacking, commit and resume.
-    group_chunks: rows are grouped by category over windows of this many chunks (``chunk_rows``
-        and ``chunk_bytes`` times it) before they are cut into chunks: where an input mixes its
-        categories row by row, prompts then fill (2,000 categories over 2,048-row chunks left
-        about one product per category and prompt). 1: chunks of consecutive rows.
+    group_chunks: rows are grouped by category over windows of this many chunks of the
+        consecutive cut (fewer once a window holds ``WINDOW_BYTES``) before they are cut into
+        chunks: where an input mixes its categories row by row, prompts then fill (2,000
+        categories over 2,048-row chunks left about one product per category and prompt). 1:
+        chunks of consecutive rows.
     read_block_bytes: size of one read from the file system.
     limit: only the first ``limit`` rows of the input (in file order) are processed.
     """
@@ -336,23 +336,29 @@ def _grouped_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int]):
     consecutive cut (fewer once it holds ``WINDOW_BYTES``), so its edges are chunk edges of that
     cut; it is parsed whole (skipped chunks too: their rows decide where the others fall), its rows
     of each category put together, and cut into chunks as ``iter_chunks`` cuts rows."""
-    index, pending, sizes, first_row = 0, [], [], 0
+    windows = _windows(_raw_rows(shard, config.read_block_bytes), config)
+    chunks = (chunk for first_row, pending, sizes in windows
+              for chunk in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config))
+    for index, records in enumerate(chunks):
+        yield index, None if index in skip else records
+
+
+def _windows(raws, config: ReadConfig):
+    """(first row, raw rows, their sizes) of each window: ``group_chunks`` chunks of the consecutive
+    cut, fewer once it holds ``WINDOW_BYTES``."""
+    pending, sizes, first_row = [], [], 0
     closed, rows, size, window = 0, 0, 0, 0  # chunks of the consecutive cut in the window; the open one's rows, bytes
-    for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
+    for row, raw in enumerate(raws):
         pending.append(raw)
         sizes.append(_full_size(raw))
         rows, size, window = rows + 1, size + sizes[-1], window + sizes[-1]
         if rows >= config.chunk_rows or size >= config.chunk_bytes:
             closed, rows, size = closed + 1, 0, 0
             if closed >= config.group_chunks or window >= WINDOW_BYTES:
-                for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
-                    yield index, None if index in skip else records
-                    index += 1
+                yield first_row, pending, sizes
                 pending, sizes, first_row, closed, window = [], [], row + 1, 0, 0
     if pending:
-        for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
-            yield index, None if index in skip else records
-            index += 1
+        yield first_row, pending, sizes
 
 
 def _cut_window(records: list[RawRecord], sizes: list[int], config: ReadConfig) -> list[list[RawRecord]]:
