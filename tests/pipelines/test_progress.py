@@ -56,9 +56,13 @@ def test_line_counts_products_inside_chunks_and_committed_rows_once(ray_cluster,
     lines = stream.getvalue().splitlines()
     assert len(lines) >= 2 and lines[-1].startswith("extract: 32/50 rows")  # a log: one line each time
     chunks, _ = ray.get(counter.snapshot.remote())
-    assert set(chunks) == {"b"} and line.committed == set()  # a committed chunk is forgotten on both sides
+    assert set(chunks) == {"b"}  # the counter forgot the committed chunk
     counter.add.remote("a", 5)  # a late report of a committed chunk counts nothing
     assert line.line().startswith("extract: 32/50 rows")
+    counter.start.remote("a", 20)  # nor does a late start of it (a task run again after its commit)
+    counter.add.remote("a", 3)
+    assert line.line().startswith("extract: 32/50 rows") and ", 18 being decoded, " in line.line()
+    wait_for(lambda: set(ray.get(counter.snapshot.remote())[0]) == {"b"}, "the counter forgetting it again")
 
 
 def test_a_known_total_is_used_and_nothing_is_counted(ray_cluster, tmp_path, monkeypatch):
