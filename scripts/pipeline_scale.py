@@ -123,6 +123,28 @@ def trace_line(elapsed: float, processes: list[tuple[int, str, int]], output: Pa
                                        sorted(kinds.items(), key=lambda kv: -kv[1][0]) if entry[0] >= 20 << 20}}
 
 
+def growth(trace: list[dict], kinds: tuple[str, ...] = ("ray::MapWorker", "driver", "gcs_server")) -> list[dict]:
+    """What each kind of process (``kinds``; ``ray::MapWorker`` is the extract actor pool) grew by
+    over the second half of a traced run, split into anonymous memory (its own heap) and shared
+    memory (pages of Ray's object store it has mapped, bounded by the store's size), in KiB per
+    committed chunk; from the trace lines that have committed chunks."""
+    rows = []
+    for name in kinds:  # the lines where the kind is alive (the actors exit before the job's last lines)
+        lines = [line for line in trace if line["chunks_committed"] and name in line["by_kind_pss_anon_shmem"]]
+        if len(lines) < 3:
+            continue
+        middle, last = lines[len(lines) // 2], lines[-1]
+        chunks = last["chunks_committed"] - middle["chunks_committed"]
+        start, end = middle["by_kind_pss_anon_shmem"][name], last["by_kind_pss_anon_shmem"][name]
+        if chunks <= 0:
+            continue
+        per_chunk = lambda i: round((end[i] - start[i]) * 1024 / chunks, 1)  # noqa: E731
+        rows.append({"kind": name, "pss_mib": [start[0], end[0]], "anon_mib": [start[1], end[1]],
+                     "shmem_mib": [start[2], end[2]], "chunks": chunks, "pss_kib_per_chunk": per_chunk(0),
+                     "anon_kib_per_chunk": per_chunk(1), "shmem_kib_per_chunk": per_chunk(2)})
+    return rows
+
+
 def by_kind(processes: list[tuple[int, str, int]]) -> dict[str, int]:
     """The summed PSS of each kind of process, largest first."""
     kinds: dict[str, int] = {}
@@ -138,7 +160,7 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -> dict:
+def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0, trace_dir: Path | None = None) -> dict:
     source = work / f"records-{rows}.jsonl"
     if not source.exists():
         write_records(source, rows)
@@ -152,7 +174,8 @@ def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -
     started = time.time()
     driver = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     root, peak, samples, cpu_seconds, cpu_by_kind, at_peak = psutil.Process(driver.pid), 0, 0, {}, {}, []
-    trace, traced = (open(work / f"trace-{rows}.jsonl", "w") if trace_seconds else None), -trace_seconds
+    trace, traced = (open((trace_dir or work) / f"trace-{rows}.jsonl", "w") if trace_seconds else None), -trace_seconds
+    traced_lines: list[dict] = []
     while driver.poll() is None:
         processes = sample_tree(root, cpu_seconds, cpu_by_kind)
         total = sum(pss for pss, _, _ in processes)
@@ -161,7 +184,8 @@ def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -
         samples += 1
         if trace and time.time() - started - traced >= trace_seconds:
             traced = time.time() - started
-            trace.write(json.dumps(trace_line(traced, processes, output)) + "\n")
+            traced_lines.append(trace_line(traced, processes, output))
+            trace.write(json.dumps(traced_lines[-1]) + "\n")
             trace.flush()
         time.sleep(SAMPLE_SECONDS)
     wall = time.time() - started
@@ -180,7 +204,8 @@ def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0) -
             "largest_processes_at_peak": [{"kind": k, "pid": pid, "pss_mib": round(pss / 2**20)}
                                           for pss, k, pid in sorted(at_peak, reverse=True)[:8]],
             "rejected_by_stage": report["rejected_by_stage"],
-            "duplicates_checked": check_duplicates(output, rows, report)}
+            "duplicates_checked": check_duplicates(output, rows, report),
+            **({"growth_second_half": growth(traced_lines)} if trace_seconds else {})}
 
 
 def check_duplicates(output: Path, rows: int, report: dict) -> int:
@@ -223,6 +248,23 @@ def render(result: dict) -> str:
         f"Command: `{result['command']}`",
         "",
     ]
+    for run in result["runs"]:
+        if run.get("growth_second_half"):
+            lines += [
+                f"Growth over the second half of the {run['rows']:,}-row run (`--trace`; MiB of PSS at its start and "
+                "end, KiB per committed chunk; anonymous memory is the process's own heap, shared memory the pages "
+                "of Ray's object store it has touched, which the store's size bounds):",
+                "",
+                "| process | chunks | PSS (MiB) | anonymous (MiB) | shared (MiB) | PSS KiB/chunk | anonymous KiB/chunk "
+                "| shared KiB/chunk |",
+                "|---|---:|---|---|---|---:|---:|---:|",
+            ]
+            for g in run["growth_second_half"]:
+                span = lambda pair: f"{pair[0]} -> {pair[1]}"  # noqa: E731
+                lines.append(f"| {g['kind']} | {g['chunks']} | {span(g['pss_mib'])} | {span(g['anon_mib'])} "
+                             f"| {span(g['shmem_mib'])} | {g['pss_kib_per_chunk']} | {g['anon_kib_per_chunk']} "
+                             f"| {g['shmem_kib_per_chunk']} |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -234,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="inputs and outputs (about 1.5 GB at 10M rows; inputs are kept and reused)")
     parser.add_argument("--note", default="", help="a line about the machine or the run, for scale.md")
     parser.add_argument("--trace", type=float, default=0, metavar="SECONDS",
-                        help="also write WORK/trace-ROWS.jsonl: memory by kind of process (and anonymous against "
+                        help="also write OUT/trace-ROWS.jsonl: memory by kind of process (and anonymous against "
                              "shared memory) every SECONDS, to see what grows with the rows")
     parser.add_argument("extra", nargs="*", help="more `hpd extract` arguments (after --)")
     args = parser.parse_args(argv)
@@ -242,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for rows in args.rows:
-        runs.append(run_one(args.work, rows, args.extra, args.trace))
+        runs.append(run_one(args.work, rows, args.extra, args.trace, args.out))
         print(json.dumps(runs[-1]), flush=True)
     result = {"machine": machine(), "note": args.note, "runs": runs,
               "command": " ".join(["python scripts/pipeline_scale.py", *(argv if argv is not None else sys.argv[1:])])}

@@ -32,3 +32,32 @@ def test_memory_stays_flat_and_throughput_holds_at_10x_rows(tmp_path):
     print(f"\npeak PSS {small['peak_pss_mib']} -> {large['peak_pss_mib']} MiB; {large['products_per_second']} products/s")
     assert large["peak_pss_mib"] <= MAX_MEMORY_GROWTH * small["peak_pss_mib"]
     assert large["products_per_second"] >= MIN_PRODUCTS_PER_SECOND
+
+
+def _pipeline_scale():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeline_scale", REPO / "scripts" / "pipeline_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_growth_splits_heap_from_shared_memory_over_the_second_half():
+    """The growth table of a trace: per kind, KiB per committed chunk from the middle line where the
+    kind is alive to its last, heap and shared memory apart; a kind gone before the end (actors exit
+    first) is measured up to its own last line, and a line before the first commit is ignored."""
+    def line(chunks, **kinds):
+        return {"chunks_committed": chunks, "by_kind_pss_anon_shmem": kinds}
+
+    trace = [line(0, driver=[400, 350, 0]), line(100, driver=[400, 350, 0], **{"ray::MapWorker": [250, 240, 10]}),
+             line(200, driver=[402, 351, 1], **{"ray::MapWorker": [260, 240, 20]}),
+             line(300, driver=[404, 352, 2], **{"ray::MapWorker": [270, 240, 30]}),
+             line(400, driver=[500, 353, 0])]
+    rows = {row["kind"]: row for row in _pipeline_scale().growth(trace)}
+    assert set(rows) == {"ray::MapWorker", "driver"}  # no gcs_server line at all
+    worker = rows["ray::MapWorker"]
+    assert worker["chunks"] == 100 and worker["anon_kib_per_chunk"] == 0.0
+    assert worker["shmem_kib_per_chunk"] == worker["pss_kib_per_chunk"] == 102.4  # 10 MiB over 100 chunks
+    driver = rows["driver"]
+    assert driver["chunks"] == 100 and driver["anon_mib"] == [352, 353] and driver["anon_kib_per_chunk"] == 10.2
