@@ -385,6 +385,11 @@ def run_job(
         raise
 
 
+def _rows(shard: reader.Shard, index: idindex.ShardIndex) -> int:
+    """A shard's rows, at most (``--limit`` may stop the job inside it)."""
+    return min(index.rows, shard.max_rows or index.rows)
+
+
 def _run(prepare, extract, output, report, resources, skip_existing, progress, stream, resumed, started) -> dict:
     state = commit.scan(output.uri) if resumed else commit.ResumeState()
     planned = reader.plan_shards(prepare.read)
@@ -400,8 +405,8 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     ]
     # chunks to do, at least (a chunk also closes at chunk_bytes; a resumed shard's committed chunks
     # are not done again): no more actors, nor tasks that write, than that
-    chunks = sum(max(1, -(-min(idx.rows, shard.max_rows or idx.rows) // prepare.read.chunk_rows)
-                     - len(state.done.get(shard.shard_id, ()))) for shard, idx in todo)
+    chunks = sum(max(1, -(-_rows(shard, idx) // prepare.read.chunk_rows) - len(state.done.get(shard.shard_id, ())))
+                 for shard, idx in todo)
     try:  # from the request for GPUs on, withdrawn however the job ends (an autoscaler keeps a request)
         if resources.device == "gpu":
             await_gpus(resources, chunks)
@@ -409,7 +414,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         bound_object_store(resources.object_store_bytes(sizing.actors, prepare.read.chunk_bytes))
         log.info("run %s: %d shards to do, %d chunks already committed; %d %s actor(s)", output.run_id,
                  len(shards), len(state.manifests), sizing.actors, sizing.device)
-        rows = sum(min(idx.rows, shard.max_rows or idx.rows) for shard, idx in todo)  # at most; less when resumed
+        rows = sum(_rows(shard, idx) for shard, idx in todo)  # less when resumed
         extract = extract.sized_for(rows / sizing.actors)
         attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
         heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
@@ -418,7 +423,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             previous = _committed(state.manifests, resources.io_cpus)
             this_run = Stats()
             if shards:
-                total = sum(min(idx.rows, shard.max_rows or idx.rows) for shard, idx in zip(planned, index))
+                total = sum(_rows(shard, idx) for shard, idx in zip(planned, index))
                 line = ProgressLine(counter, planned, prepare.read, previous.counts["rows_in"], stream, progress, total)
                 line.start()
                 finished = False

@@ -160,10 +160,28 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0, trace_dir: Path | None = None) -> dict:
+def split_records(source: Path, files: int) -> Path:
+    """The records of ``source`` as ``files`` files of consecutive rows (in the same order: the job
+    reads files in path order), in a folder beside it."""
+    folder = source.with_name(f"{source.stem}-in-{files}")
+    if not folder.exists():
+        lines = source.read_bytes().splitlines(keepends=True)
+        parts = folder.with_name(folder.name + ".tmp")
+        parts.mkdir()
+        step = -(-len(lines) // files)
+        for part in range(files):
+            (parts / f"part-{part:05d}.jsonl").write_bytes(b"".join(lines[part * step : (part + 1) * step]))
+        parts.rename(folder)
+    return folder
+
+
+def run_one(work: Path, rows: int, extra: list[str], trace_seconds: float = 0, trace_dir: Path | None = None,
+            files: int = 1) -> dict:  # fmt: skip
     source = work / f"records-{rows}.jsonl"
     if not source.exists():
         write_records(source, rows)
+    if files > 1:
+        source = split_records(source, files)
     attributes = work / "attributes.json"
     attributes.write_text(json.dumps(CATEGORIES))
     output = work / f"out-{rows}"
@@ -278,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=float, default=0, metavar="SECONDS",
                         help="also write OUT/trace-ROWS.jsonl: memory by kind of process (and anonymous against "
                              "shared memory) every SECONDS, to see what grows with the rows")
+    parser.add_argument("--files", type=int, default=1,
+                        help="write the records as this many files of consecutive rows (shards: one each)")
     parser.add_argument("extra", nargs="*", help="more `hpd extract` arguments (after --)")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for rows in args.rows:
-        runs.append(run_one(args.work, rows, args.extra, args.trace, args.out))
+        runs.append(run_one(args.work, rows, args.extra, args.trace, args.out, args.files))
         print(json.dumps(runs[-1]), flush=True)
     result = {"machine": machine(), "note": args.note, "runs": runs,
               "command": " ".join(["python scripts/pipeline_scale.py", *(argv if argv is not None else sys.argv[1:])])}
