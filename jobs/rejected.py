@@ -1,0 +1,37 @@
+"""`hpd rejected OUTPUT_URI`: what a finished job rejected, by stage and reason, and the original
+records of those rows as JSON Lines (``--out``), to correct and run again.
+
+The reading is ``pipelines.rejects``; this module is its command line. The counts go to stderr for
+a person, the last stdout line is one JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipelines import io
+from pipelines.rejects import STAGES, as_json, read_rejected, summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", help="a finished `hpd extract` output (local folder or s3:// prefix)")
+    parser.add_argument("--stage", choices=STAGES, action="append",
+                        help="only the rows rejected at this stage; repeat it for several (default: every stage). "
+                        "extract: prompts the decoder failed on, e.g. too long for the device even alone")
+    parser.add_argument("--out", metavar="FILE",
+                        help="write their original records here, one JSON line each (local path or s3:// URI), an "
+                        "input for `hpd extract --input` (default: none, only the counts)")
+
+
+def run(args: argparse.Namespace) -> int:
+    rejected = read_rejected(args.output, tuple(args.stage) if args.stage else None)
+    print(summary(rejected), file=sys.stderr)
+    result = as_json(rejected)
+    if args.out:
+        io.write_bytes(args.out, rejected.records_jsonl())
+        print(f"records of {rejected.table.num_rows} row(s): {args.out}", file=sys.stderr)
+        result["out"] = args.out
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,92 @@
+"""`hpd rejected`: a finished job's rejected rows by stage and reason, and their records as an input
+for a corrected run, which then writes the products the first run could not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs import cli
+from pipelines import io
+from tests.pipelines.helpers import extract_args, jsonl, read_attributes, report, run_extract
+
+
+def records() -> list:
+    tea = [{"product_id": f"p{i}", "category": "Tea", "title": f"tea {i}"} for i in range(10)]
+    bad = [{"product_id": "x1", "category": "Nope", "title": "what"}, "{not json",
+           {"product_id": "p3", "category": "Tea", "title": "tea again"}]  # unknown category, unreadable, duplicate
+    return tea[:5] + bad + tea[5:]
+
+
+def last_json(capsys) -> tuple[dict, str]:
+    captured = capsys.readouterr()
+    return json.loads(captured.out.strip().splitlines()[-1]), captured.err
+
+
+def test_rejected_rows_by_stage_and_their_records_run_again(ray_cluster, tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records()))
+    first = tmp_path / "first"
+    argv = extract_args(source, first, "--docs-per-prompt", 2, "--dry-run-fail", "p7")  # p7's prompt fails
+    assert run_extract(argv) == 0
+    assert report(str(first))["rows_rejected"] == 5
+    capsys.readouterr()
+
+    assert cli.main(["rejected", str(first)]) == 0
+    result, said = last_json(capsys)
+    assert result["rejected"] == 5
+    assert result["by_stage"] == {"read": 1, "validate": 1, "dedup": 1, "extract": 2}
+    assert "5 rejected row(s): read 1, validate 1, dedup 1, extract 2" in said
+    assert {"stage": "dedup", "reason": "duplicate product_id", "rows": 1} in result["reasons"]
+
+    retry = tmp_path / "retry.jsonl"
+    assert cli.main(["rejected", str(first), "--stage", "extract", "--out", str(retry)]) == 0
+    result, said = last_json(capsys)
+    assert result["rejected"] == 2 and result["by_stage"] == {"extract": 2} and result["out"] == str(retry)
+    assert "2 rejected row(s) of 5: extract 2" in said
+    again = [json.loads(line) for line in retry.read_text().splitlines()]
+    failed = {r["product_id"] for r in again}
+    assert len(failed) == 2 and "p7" in failed and all(r["category"] == "Tea" for r in again)  # the originals
+
+    second = tmp_path / "second"
+    assert run_extract(extract_args(retry, second, "--docs-per-prompt", 2)) == 0  # the decoder works now
+    assert set(read_attributes(str(second)).column("product_id").to_pylist()) == failed
+    assert report(str(second))["rows_rejected"] == 0
+
+
+def test_every_stage_can_be_written_and_an_unreadable_line_stays_as_it_was(ray_cluster, tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records()))
+    output = tmp_path / "out"
+    assert run_extract(extract_args(source, output)) == 0
+    out = tmp_path / "rejected.jsonl"
+    assert cli.main(["rejected", str(output), "--stage", "read", "--stage", "validate", "--out", str(out)]) == 0
+    assert out.read_text().splitlines() == [json.dumps(records()[5]), '{not json']  # in file order, as they were
+
+
+def test_an_unfinished_or_foreign_output_is_refused(tmp_path, capsys):
+    assert cli.main(["rejected", str(tmp_path / "nothing")]) == 2
+    assert "is not an hpd extract output" in capsys.readouterr().err
+    io.write_json(str(tmp_path / "running" / "_job.json"), {"run_id": "x"})
+    assert cli.main(["rejected", str(tmp_path / "running")]) == 2
+    assert "has not finished (no _report.json yet" in capsys.readouterr().err
+
+
+def test_rows_missing_from_rejected_files_are_an_error_not_a_short_count(ray_cluster, tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records()))
+    output = tmp_path / "out"
+    assert run_extract(extract_args(source, output)) == 0
+    for uri in io.list_files(str(output / "rejected")):
+        io.delete_if_exists(uri)
+    capsys.readouterr()
+    assert cli.main(["rejected", str(output)]) == 2
+    assert "rejected/ holds 0 rows, its report says 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage", ["nope"])
+def test_an_unknown_stage_is_refused_by_the_command_line(stage, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["rejected", "out", "--stage", stage])
+    assert "invalid choice" in capsys.readouterr().err
