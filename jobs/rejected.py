@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 from pipelines import io
 from pipelines.rejects import STAGES, as_json, read_rejected, summary
@@ -26,12 +28,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    rejected = read_rejected(args.output, tuple(args.stage) if args.stage else None)
+    stages = tuple(args.stage) if args.stage else None
+    if not args.out:
+        rejected = read_rejected(args.output, stages)
+    else:  # written beside the target (or in the temp folder for S3), put in place only when complete
+        local = not args.out.startswith("s3://")
+        folder = os.path.dirname(os.path.abspath(args.out)) if local else None
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=".hpd-rejected-", suffix=".jsonl", dir=folder)
+        try:
+            with os.fdopen(handle, "wb") as records:
+                rejected = read_rejected(args.output, stages, records)
+            io.put_file(temporary, args.out)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
     print(summary(rejected), file=sys.stderr)
     result = as_json(rejected)
     if args.out:
-        io.write_bytes(args.out, rejected.records_jsonl())
-        print(f"records of {rejected.table.num_rows} row(s): {args.out}", file=sys.stderr)
+        print(f"records of {rejected.rows} row(s): {args.out}", file=sys.stderr)
         result["out"] = args.out
     print(json.dumps(result))
     return 0

@@ -63,6 +63,19 @@ def write_bytes(uri: str, data: bytes) -> None:
     fs.move(temporary, path)
 
 
+def put_file(local_path: str, uri: str) -> None:
+    """Put a local file (of any size) at ``uri`` whole: S3 by boto3's managed upload (multipart for
+    large files; the object appears only when complete), a local path by an atomic rename (the
+    file is moved)."""
+    fs, path = filesystem(uri)
+    if fs.type_name == "s3":
+        bucket, _, key = path.partition("/")
+        _s3_client(*_s3_settings()).upload_file(local_path, bucket, key)
+        return
+    fs.create_dir(os.path.dirname(path), recursive=True)
+    os.replace(local_path, path)
+
+
 @functools.lru_cache(maxsize=None)
 def _s3_client(endpoint: str | None, region: str | None):
     """One boto3 client per process and setting (clients are thread-safe and slow to build)."""

@@ -1,11 +1,13 @@
 """The rows a finished job rejected, read back from its ``rejected/`` files (pipelines/commit.py
 describes the layout): counted by stage and reason, and their original records, which a corrected
-job (other settings, a larger device, a fixed input) can take again as its input."""
+job (other settings, a larger device, a fixed input) can take again as its input. One file (a
+chunk's rejected rows) is in memory at a time, so an output of any size can be read."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,61 +19,67 @@ from pipelines.commit import REJECTED_SCHEMA
 STAGES = ("read", "validate", "dedup", "extract")  # where a row can be rejected, in pipeline order
 
 
-@dataclass(frozen=True)
+@dataclass
 class Rejected:
-    """The rejected rows of one output (``stages``: those kept, None for all), in file and row order."""
+    """What was read: the rows kept (of ``stages``), by (stage, reason), and all the output's rows."""
 
-    table: pa.Table  # REJECTED_SCHEMA
-    rows_rejected: int  # what the output's report says it rejected, all stages
+    reasons: Counter = field(default_factory=Counter)  # (stage, reason) -> rows kept
+    rows_rejected: int = 0  # every row of rejected/, all stages (the report's rows_rejected)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.reasons.values())
 
     def by_stage(self) -> dict[str, int]:
-        counts = Counter(self.table.column("stage").to_pylist())
+        counts = Counter()
+        for (stage, _), n in self.reasons.items():
+            counts[stage] += n
         return {stage: counts[stage] for stage in (*STAGES, *sorted(set(counts) - set(STAGES))) if counts[stage]}
 
-    def reasons(self, top: int = 10) -> list[tuple[str, str, int]]:
+    def top_reasons(self, top: int = 10) -> list[tuple[str, str, int]]:
         """The ``top`` most frequent (stage, reason, rows)."""
-        pairs = Counter(zip(self.table.column("stage").to_pylist(), self.table.column("reason").to_pylist()))
-        return [(stage, reason, n) for (stage, reason), n in pairs.most_common(top)]
-
-    def records_jsonl(self) -> bytes:
-        """The original records, one a line: an input for ``hpd extract --input``. A record that could
-        not be read is written as it was read (a JSON line that did not parse stays as it was)."""
-        return "".join(record + "\n" for record in self.table.column("record").to_pylist()).encode()
+        return [(stage, reason, n) for (stage, reason), n in self.reasons.most_common(top)]
 
 
-def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None) -> Rejected:
-    """The rejected rows of the finished job at ``output_uri``; only a finished job (its
-    ``_report.json`` written) is read: before that, files of chunks not yet committed may be there."""
+def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, records: BinaryIO | None = None) -> Rejected:
+    """Count the rejected rows of the finished job at ``output_uri`` (only those of ``stages``, all
+    by default) and write their original records to ``records``, one a line, in input order (a
+    record that could not be read is written as it was read: a line that is not JSON stays as it
+    was). Only a finished job (``_report.json`` written) is read: before that, files of chunks not yet
+    committed may be there. rejected/ must hold exactly the rows the report counts."""
     unknown = sorted(set(stages or ()) - set(STAGES))
     if unknown:
         raise ValueError(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join(STAGES)}")
     report_uri = io.join(output_uri, "_report.json")
     if not io.exists(report_uri):
-        what = "is not an hpd extract output" if not io.exists(io.join(output_uri, "_job.json")) else \
-            "has not finished (no _report.json yet; the same hpd extract command resumes it)"
+        what = ("is not an hpd extract output" if not io.exists(io.join(output_uri, "_job.json"))
+                else "has not finished (no _report.json yet; the same hpd extract command resumes it)")
         raise ValueError(f"{output_uri} {what}")
-    report = io.read_json(report_uri)
-    tables = [pq.read_table(path, filesystem=fs, schema=REJECTED_SCHEMA)
-              for fs, path in map(io.filesystem, sorted(io.list_files(io.join(output_uri, "rejected"))))]
-    table = pa.concat_tables(tables) if tables else REJECTED_SCHEMA.empty_table()
-    if table.num_rows != report["rows_rejected"]:
-        raise ValueError(f"{output_uri}: rejected/ holds {table.num_rows} rows, its report says {report['rows_rejected']}")
-    if stages:
-        table = table.filter(pc.is_in(table.column("stage"), value_set=pa.array(list(stages), pa.string())))
-    return Rejected(table, report["rows_rejected"])
+    expected = io.read_json(report_uri)["rows_rejected"]
+    kept = pa.array(list(stages or STAGES), pa.string())
+    result = Rejected()
+    for uri in io.list_files(io.join(output_uri, "rejected")):  # sorted: chunk keys, in input order
+        fs, path = io.filesystem(uri)
+        table = pq.read_table(path, filesystem=fs, schema=REJECTED_SCHEMA, columns=["record", "reason", "stage"])
+        result.rows_rejected += table.num_rows
+        table = table.filter(pc.is_in(table.column("stage"), value_set=kept))
+        result.reasons.update(zip(table.column("stage").to_pylist(), table.column("reason").to_pylist()))
+        if records is not None:
+            records.write("".join(record + "\n" for record in table.column("record").to_pylist()).encode())
+    if result.rows_rejected != expected:
+        raise ValueError(f"{output_uri}: rejected/ holds {result.rows_rejected} rows, its report says {expected}")
+    return result
 
 
 def summary(rejected: Rejected) -> str:
     """The counts, for a person: rows by stage, then the most frequent reasons."""
-    lines = [f"{rejected.table.num_rows} rejected row(s)" + (f" of {rejected.rows_rejected}" if
-             rejected.table.num_rows != rejected.rows_rejected else "") + ": " +
-             (", ".join(f"{stage} {n}" for stage, n in rejected.by_stage().items()) or "none")]
-    lines += [f"  {n:>8}  {stage:<8}  {reason}" for stage, reason, n in rejected.reasons()]
+    of = f" of {rejected.rows_rejected}" if rejected.rows != rejected.rows_rejected else ""
+    stages = ", ".join(f"{stage} {n}" for stage, n in rejected.by_stage().items()) or "none"
+    lines = [f"{rejected.rows} rejected row(s){of}: {stages}"]
+    lines += [f"  {n:>8}  {stage:<8}  {reason}" for stage, reason, n in rejected.top_reasons()]
     return "\n".join(lines)
 
 
 def as_json(rejected: Rejected) -> dict:
-    return {"rejected": rejected.table.num_rows, "by_stage": rejected.by_stage(),
-            "reasons": [{"stage": s, "reason": r, "rows": n} for s, r, n in rejected.reasons()]}
-
-
+    return {"rejected": rejected.rows, "by_stage": rejected.by_stage(),
+            "reasons": [{"stage": s, "reason": r, "rows": n} for s, r, n in rejected.top_reasons()]}

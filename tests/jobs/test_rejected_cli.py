@@ -90,3 +90,28 @@ def test_an_unknown_stage_is_refused_by_the_command_line(stage, capsys):
     with pytest.raises(SystemExit):
         cli.main(["rejected", "out", "--stage", stage])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_on_s3_the_records_file_appears_whole(ray_cluster, s3_server, tmp_path, capsys):
+    bucket = s3_server.make_bucket("rejected")
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records()))
+    output = f"s3://{bucket}/out"
+    assert run_extract(extract_args(source, output, "--docs-per-prompt", 2, "--dry-run-fail", "p7")) == 0
+    capsys.readouterr()
+    retry = f"s3://{bucket}/retry/extract.jsonl"
+    assert cli.main(["rejected", output, "--stage", "extract", "--out", retry]) == 0
+    result, _ = last_json(capsys)
+    lines = io.read_bytes(retry).decode().splitlines()
+    assert result["rejected"] == len(lines) == 2 and "p7" in {json.loads(line)["product_id"] for line in lines}
+
+
+def test_a_check_that_fails_leaves_no_records_file(ray_cluster, tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records()))
+    output = tmp_path / "out"
+    assert run_extract(extract_args(source, output)) == 0
+    io.delete_if_exists(io.list_files(str(output / "rejected"))[0])
+    out = tmp_path / "records" / "rejected.jsonl"
+    assert cli.main(["rejected", str(output), "--out", str(out)]) == 2
+    assert not out.exists() and list((tmp_path / "records").iterdir()) == []  # nor a temporary file
