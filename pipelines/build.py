@@ -134,6 +134,18 @@ class ActorSizing:
         return self.actors * (self.num_gpus if self.device == "gpu" else (self.threads or self.num_cpus))
 
 
+def check_cluster(cluster: dict, config: ResourceConfig) -> None:
+    """Refuse a cluster the extract actors cannot run on before any work is scheduled: one with no
+    GPU and no CPU yet (a head started with 0 CPUs whose workers an autoscaler starts from zero),
+    unless ``--device gpu`` asks the autoscaler for GPU nodes. Without this, ``--device auto`` saw no
+    GPU and planned a CPU actor, for which the autoscaler would start a GPU node and leave its GPU
+    idle (or, with no worker type that fits, the job waited forever)."""
+    if config.device == "gpu" or cluster.get("GPU", 0) or cluster.get("CPU", 0):
+        return
+    raise ValueError("the cluster has no GPU and no CPU yet (its workers start from zero?): pass --device gpu, which "
+                     "asks the autoscaler for GPU nodes and waits for them")
+
+
 def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None) -> ActorSizing:
     """One actor per GPU; without GPUs, one actor per ``cpu_actor_threads`` vCPUs but no more than
     the cluster's memory holds at ``cpu_actor_memory_gib`` each; their reservations leave half the
@@ -183,6 +195,8 @@ def await_gpus(config: ResourceConfig, chunks: int, resources=None, request=None
                            "has a GPU worker type the autoscaler may start (its max_workers, the account's GPU quota)")
     if have < wanted:
         log.warning("--device gpu: %d of %d GPU(s) after %.0f s; running on those", have, wanted, clock() - start)
+        # the pool is sized now: GPUs that joined later would sit idle, billed, until the job ends
+        request(bundles=[{"GPU": 1, "CPU": config.gpu_actor_cpus}] * have)
     return have
 
 
@@ -397,6 +411,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     if all(state.complete(shard.shard_id) for shard in planned) and io.exists(report_uri):
         log.info("run %s is complete; nothing to do", output.run_id)
         return io.read_json(report_uri)
+    check_cluster(ray.cluster_resources(), resources)  # before the id index's tasks ask for CPUs
     index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
     todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
     shards = [
@@ -434,6 +449,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
                 finally:
                     line.stop(final=finished)
         finally:
+            release_gpus(resources)  # first: a slow or failed clean-up must not keep the GPU nodes up
             ray.kill(counter)
             attempt = heartbeat.stop()
         total = previous.merged(this_run)

@@ -43,7 +43,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -192,6 +192,25 @@ def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> 
             for s in index["shards"]]
 
 
+def run_bounded(submit: Callable[[int], ray.ObjectRef], count: int, task_cpus: float) -> list:
+    """``ray.get`` of ``submit(0) ... submit(count - 1)``, in that order, with no more tasks in flight
+    than the cluster's CPUs hold at ``task_cpus`` each (read again as tasks end, so nodes that join
+    are used). Tasks waiting beyond that would make an autoscaler start nodes for them: on a cluster
+    whose only worker type is a GPU node, GPU nodes, as many as its max_workers, to build the index."""
+    results: list = [None] * count
+    pending: dict = {}
+    submitted = 0
+    while submitted < count or pending:
+        room = max(1, int(ray.cluster_resources().get("CPU", 0) / task_cpus)) - len(pending)
+        for _ in range(min(max(room, 0), count - submitted)):
+            pending[submit(submitted)] = submitted
+            submitted += 1
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            results[pending.pop(ref)] = ray.get(ref)
+    return results
+
+
 def build_index(
     shards: list[reader.Shard], prepare: PrepareConfig, output_uri: str, skip_existing: str | None, config: IndexConfig
 ) -> list[ShardIndex]:
@@ -204,14 +223,16 @@ def build_index(
     settings = ray.put(prepare)  # one copy in the object store, not one per task (a schema can be megabytes)
     cpus = ray.cluster_resources().get("CPU", 1) / config.cpus  # index tasks that can run at once
     shard_groups = map_groups(shards, group_bytes(shards, config.map_bytes, cpus))
-    mapped = ray.get([MAP_SHARDS.options(**task).remote(group, settings, build, limit) for group in shard_groups])
+    mapped = run_bounded(lambda i: MAP_SHARDS.options(**task).remote(shard_groups[i], settings, build, limit),
+                         len(shard_groups), config.cpus)
     rows = [0] * len(shards)
     for result in mapped:
         for ordinal, count in result["rows"]:
             rows[ordinal] = count
     manifest_groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
-    mapped_earlier = [run for runs in ray.get([MAP_MANIFESTS.options(**task).remote(i, group, build, limit)
-                                               for i, group in enumerate(manifest_groups)]) for run in runs]
+    mapped_earlier = [run for runs in run_bounded(
+        lambda i: MAP_MANIFESTS.options(**task).remote(i, manifest_groups[i], build, limit), len(manifest_groups),
+        config.cpus) for run in runs]
     runs = [run for result in mapped for run in result["runs"]]
     earlier_runs = mapped_earlier + list(earlier.id_runs)
     log.info("id index: %d shards mapped by %d tasks into %d runs; %d runs of earlier outputs (%.1f s)", len(shards),
@@ -220,9 +241,9 @@ def build_index(
     counts = sum((run.counts for run in runs + earlier_runs), np.zeros(FINE_PARTITIONS, np.int64))
     intervals = cut(counts, limit)
     starts = [group[0][0] for group in shard_groups]
-    reduced = ray.get([REDUCE_INTERVAL.options(**task).remote(
-        number, lo, hi, ranges(runs, lo, hi), ranges(earlier_runs, lo, hi), len(shards), build, starts)
-        for number, (lo, hi) in enumerate(intervals)])
+    reduced = run_bounded(lambda n: REDUCE_INTERVAL.options(**task).remote(
+        n, *intervals[n], ranges(runs, *intervals[n]), ranges(earlier_runs, *intervals[n]), len(shards), build, starts),
+        len(intervals), config.cpus)
 
     # each map group's verdicts: one byte range of each interval's file that has any, gathered into one
     # file per group, so a shard's verdicts are one range (with --skip-existing on a mostly done
@@ -235,8 +256,8 @@ def build_index(
                 if offsets[g + 1] > offsets[g]:
                     parts[g].append((io.join(build, result["verdicts"]), int(offsets[g]), int(offsets[g + 1])))
     wanted = [g for g in range(len(shard_groups)) if parts[g]]
-    gathered = ray.get([GATHER_VERDICTS.options(**task).remote(g, starts[g], len(shard_groups[g]), parts[g], build)
-                        for g in wanted])
+    gathered = run_bounded(lambda i: GATHER_VERDICTS.options(**task).remote(
+        wanted[i], starts[wanted[i]], len(shard_groups[wanted[i]]), parts[wanted[i]], build), len(wanted), config.cpus)
     verdicts = [[] for _ in shards]
     for g, result in zip(wanted, gathered):
         offsets = result["offsets"]

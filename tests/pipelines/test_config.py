@@ -79,9 +79,10 @@ def test_device_gpu_asks_an_autoscaling_cluster_for_its_gpus_and_waits():
     assert await_with(Cluster([0, 1]), ResourceConfig(device="gpu"), chunks=5) == 1  # 1 GPU unless --max-actors
     few = Cluster([0, 1])
     assert await_with(few, ResourceConfig(device="gpu", max_actors=8), chunks=2) == 1  # no more than the chunks
-    assert few.asked == [[{"GPU": 1, "CPU": 1.0}] * 2]
+    assert few.asked == [[{"GPU": 1, "CPU": 1.0}] * 2, [{"GPU": 1, "CPU": 1.0}]]  # then only what it runs on
     part = Cluster([0, 1])  # never more than one: after the wait, run on it
     assert await_with(part, ResourceConfig(device="gpu", max_actors=4, gpu_wait_seconds=30)) == 1 and part.now >= 30
+    assert part.asked == [[{"GPU": 1, "CPU": 1.0}] * 4, [{"GPU": 1, "CPU": 1.0}]]  # later GPUs would sit idle
     with pytest.raises(RuntimeError, match="no GPU joined the cluster in 30 s: check"):
         await_with(Cluster([0]), ResourceConfig(device="gpu", gpu_wait_seconds=30))
     present = Cluster([2])
@@ -291,3 +292,16 @@ def test_slow_chunks_do_not_trip_ray_datas_no_progress_timeout(monkeypatch):
     monkeypatch.delenv(NO_PROGRESS_TIMEOUT_ENV)
     allow_slow_chunks()
     assert context.execution_no_progress_timeout_s == -1  # a chunk may take longer than 30 min
+
+
+def test_a_cluster_with_nothing_to_run_on_is_refused_unless_gpus_are_asked_for():
+    from pipelines.build import check_cluster
+
+    for device in ("auto", "cpu"):
+        with pytest.raises(ValueError, match="no GPU and no CPU yet .*pass --device gpu"):
+            check_cluster({"memory": 1e9}, ResourceConfig(device=device))  # a 0-CPU head, no workers yet
+        with pytest.raises(ValueError, match="no GPU and no CPU yet"):
+            check_cluster({"CPU": 0.0}, ResourceConfig(device=device))
+    check_cluster({"memory": 1e9}, ResourceConfig(device="gpu"))  # it asks the autoscaler and waits
+    check_cluster({"CPU": 2.0}, ResourceConfig())
+    check_cluster({"GPU": 1.0}, ResourceConfig())

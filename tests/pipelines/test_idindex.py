@@ -60,6 +60,52 @@ def _found(shards, index) -> dict:
     return found
 
 
+@pytest.mark.parametrize("task_cpus", [1.0, 0.5, 4.0])
+def test_index_tasks_in_flight_stay_within_the_clusters_cpus(ray_cluster, task_cpus):
+    """No more index tasks wait than the cluster's CPUs hold (an autoscaler would start nodes for the
+    rest: GPU nodes, on a cluster of GPU nodes only), one at least; results in submission order."""
+    import time
+
+    import ray
+
+    from pipelines.idindex import run_bounded
+
+    @ray.remote
+    class Gauge:
+        def __init__(self):
+            self.now = self.peak = 0
+
+        def enter(self):
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+        def leave(self):
+            self.now -= 1
+
+        def highest(self):
+            return self.peak
+
+    @ray.remote(num_cpus=0)
+    def task(i, gauge):
+        ray.get(gauge.enter.remote())
+        time.sleep(0.3)
+        ray.get(gauge.leave.remote())
+        return i * i
+
+    gauge = Gauge.options(num_cpus=0).remote()
+    submitted = []
+
+    def submit(i):
+        submitted.append(i)
+        return task.remote(i, gauge)
+
+    assert run_bounded(submit, 7, task_cpus) == [i * i for i in range(7)] and submitted == list(range(7))
+    cpus = ray.cluster_resources()["CPU"]
+    allowed = max(1, int(cpus / task_cpus))
+    assert ray.get(gauge.highest.remote()) == min(allowed, 7)  # as many as allowed ran together, no more
+    assert run_bounded(submit, 0, task_cpus) == []
+
+
 def test_map_groups_are_consecutive_shards_of_about_map_bytes():
     shards = [reader.Shard(f"s{i}", f"f{i}", "jsonl", 0, size) for i, size in enumerate((5, 5, 5, 20, 1, 0, 3))]
     groups = map_groups(shards, 10)
