@@ -166,6 +166,30 @@ def size_actors(cluster: dict, config: ResourceConfig, chunks: int | None = None
     return ActorSizing("cpu", 0, cpus / 2 / actors, actors, threads=max(1, int(cpus // actors)))
 
 
+def request_gpus(config: ResourceConfig, chunks: int, request=None) -> int:
+    """Ask the autoscaler for the GPU nodes of ``min(max_actors or 1, chunks)`` actors, without
+    waiting (``request``: Ray's ``request_resources`` by default, which replaces the cluster's
+    earlier request); return how many."""
+    if request is None:
+        from ray.autoscaler.sdk import request_resources as request
+    wanted = min(config.max_actors or 1, max(1, chunks))
+    request(bundles=[{"GPU": 1, "CPU": config.gpu_actor_cpus}] * wanted)
+    return wanted
+
+
+def chunks_at_least(shards: list[reader.Shard], read: reader.ReadConfig) -> int:
+    """A lower bound on a job's chunks before the id index has counted its rows: per shard one, or
+    its bytes over ``chunk_bytes`` (a chunk closes at ``chunk_bytes`` or ``chunk_rows``, whichever
+    comes first; a compressed file counts its compressed bytes), no more than its ``max_rows`` make."""
+    total = 0
+    for shard in shards:
+        count = max(1, -(-(shard.end - shard.start) // read.chunk_bytes))
+        if shard.max_rows is not None:
+            count = min(count, max(1, -(-shard.max_rows // read.chunk_rows)))
+        total += count
+    return total
+
+
 def await_gpus(config: ResourceConfig, chunks: int, resources=None, request=None, clock=time.monotonic,
                sleep=time.sleep) -> int:  # fmt: skip
     """``--device gpu``: ask the autoscaler for the GPUs the job will use (``max_actors``, 1 if not
@@ -175,13 +199,11 @@ def await_gpus(config: ResourceConfig, chunks: int, resources=None, request=None
     ``request_resources``, a no-op on a cluster without an autoscaler)."""
     if resources is None:
         resources = ray.cluster_resources
-    if request is None:
-        from ray.autoscaler.sdk import request_resources as request
     wanted = min(config.max_actors or 1, max(1, chunks))
     have = int(resources().get("GPU", 0))
     if have >= wanted:
         return have
-    request(bundles=[{"GPU": 1, "CPU": config.gpu_actor_cpus}] * wanted)
+    request_gpus(config, chunks, request)
     start = last_said = clock()
     log.info("--device gpu: waiting for %d GPU(s), %d in the cluster (at most %.0f s)", wanted, have, config.gpu_wait_seconds)
     while have < wanted and clock() - start < config.gpu_wait_seconds:
@@ -196,7 +218,7 @@ def await_gpus(config: ResourceConfig, chunks: int, resources=None, request=None
     if have < wanted:
         log.warning("--device gpu: %d of %d GPU(s) after %.0f s; running on those", have, wanted, clock() - start)
         # the pool is sized now: GPUs that joined later would sit idle, billed, until the job ends
-        request(bundles=[{"GPU": 1, "CPU": config.gpu_actor_cpus}] * have)
+        request_gpus(config, have, request)
     return have
 
 
@@ -412,17 +434,20 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         log.info("run %s is complete; nothing to do", output.run_id)
         return io.read_json(report_uri)
     check_cluster(ray.cluster_resources(), resources)  # before the id index's tasks ask for CPUs
-    index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
-    todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
-    shards = [
-        dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
-        for shard, shard_index in todo
-    ]
-    # chunks to do, at least (a chunk also closes at chunk_bytes; a resumed shard's committed chunks
-    # are not done again): no more actors, nor tasks that write, than that
-    chunks = sum(max(1, -(-_rows(shard, idx) // prepare.read.chunk_rows) - len(state.done.get(shard.shard_id, ())))
-                 for shard, idx in todo)
     try:  # from the request for GPUs on, withdrawn however the job ends (an autoscaler keeps a request)
+        if resources.device == "gpu":  # its GPU nodes start while the index is built (on their CPUs)
+            to_do = [shard for shard in planned if not state.complete(shard.shard_id)]
+            request_gpus(resources, chunks_at_least(to_do, prepare.read))
+        index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
+        todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
+        shards = [
+            dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
+            for shard, shard_index in todo
+        ]
+        # chunks to do, at least (a chunk also closes at chunk_bytes; a resumed shard's committed chunks
+        # are not done again): no more actors, nor tasks that write, than that
+        chunks = sum(max(1, -(-_rows(shard, idx) // prepare.read.chunk_rows) - len(state.done.get(shard.shard_id, ())))
+                     for shard, idx in todo)
         if resources.device == "gpu":
             await_gpus(resources, chunks)
         sizing = size_actors(ray.cluster_resources(), resources, chunks=chunks)

@@ -305,3 +305,16 @@ def test_a_cluster_with_nothing_to_run_on_is_refused_unless_gpus_are_asked_for()
     check_cluster({"memory": 1e9}, ResourceConfig(device="gpu"))  # it asks the autoscaler and waits
     check_cluster({"CPU": 2.0}, ResourceConfig())
     check_cluster({"GPU": 1.0}, ResourceConfig())
+
+
+def test_gpus_are_asked_for_before_the_index_by_a_lower_bound_on_the_chunks():
+    from pipelines.build import chunks_at_least, request_gpus
+    from pipelines.reader import ReadConfig, Shard
+
+    read = ReadConfig(uri="in", chunk_rows=100, chunk_bytes=1000)
+    shards = [Shard("a", "a", "jsonl", 0, 10), Shard("b", "b", "jsonl", 0, 3500), Shard("c", "c", "parquet", 0, 99_000, 150)]
+    assert chunks_at_least(shards, read) == 1 + 4 + 2  # a small file is a chunk; bytes / chunk_bytes; --limit caps
+    asked = []
+    assert request_gpus(ResourceConfig(device="gpu", max_actors=8), 7, lambda bundles: asked.append(bundles)) == 7
+    assert request_gpus(ResourceConfig(device="gpu"), 7, lambda bundles: asked.append(bundles)) == 1
+    assert asked == [[{"GPU": 1, "CPU": 1.0}] * 7, [{"GPU": 1, "CPU": 1.0}]]
