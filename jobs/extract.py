@@ -142,6 +142,9 @@ def _summary(report: dict, output: str) -> str:
         f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
         f"report:           {output}/_report.md and {output}/_report.json",
     ]
+    if report["rejected_by_stage"].get("extract"):  # the decoder failed on them: worth another run
+        lines.append(f"the {report['rejected_by_stage']['extract']} rejected at extract, to run again: "
+                     f"hpd rejected {output} --stage extract --out FILE.jsonl")
     if (warning := fill_warning(report)) is not None:
         lines.append(warning)
     if report.get("cuda_graph_failures"):

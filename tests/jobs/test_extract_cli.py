@@ -224,6 +224,10 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     assert "rejected rows:    none" in extract._summary(base, "out")
     some = dict(base, products_out=2, rows_rejected=1, rejected_by_stage={"validate": 1})
     assert "1 rejected (validate 1)" in extract._summary(some, "out") and "out/rejected/" in extract._summary(some, "out")
+    assert "hpd rejected" not in extract._summary(some, "out")  # bad input: another run rejects it again
+    failed = dict(base, products_out=1, rows_rejected=2, rejected_by_stage={"extract": 2})
+    assert "the 2 rejected at extract, to run again: hpd rejected out --stage extract --out FILE.jsonl" in \
+        extract._summary(failed, "out")
     assert "CUDA graph" not in extract._summary(base, "out")
     assert "warning: 2 CUDA graph capture(s) failed" in extract._summary(dict(base, cuda_graph_failures=2), "out")
 
