@@ -199,11 +199,12 @@ def await_gpus(config: ResourceConfig, chunks: int, resources=None, request=None
     ``request_resources``, a no-op on a cluster without an autoscaler)."""
     if resources is None:
         resources = ray.cluster_resources
-    wanted = min(config.max_actors or 1, max(1, chunks))
+    # the request now (it replaces the one before the index, which counted chunks by bytes and could
+    # be larger), also when the GPUs are there already
+    wanted = request_gpus(config, chunks, request)
     have = int(resources().get("GPU", 0))
     if have >= wanted:
         return have
-    request_gpus(config, chunks, request)
     start = last_said = clock()
     log.info("--device gpu: waiting for %d GPU(s), %d in the cluster (at most %.0f s)", wanted, have, config.gpu_wait_seconds)
     while have < wanted and clock() - start < config.gpu_wait_seconds:
@@ -227,7 +228,11 @@ def release_gpus(config: ResourceConfig) -> None:
     if config.device == "gpu":
         from ray.autoscaler.sdk import request_resources
 
-        request_resources(bundles=[])
+        try:
+            request_resources(bundles=[])
+        except Exception as err:  # the clean-up goes on; the message says what to do by hand
+            log.warning("could not withdraw the request for GPUs (%s): the autoscaler keeps its nodes until "
+                        "`ray.autoscaler.sdk.request_resources(bundles=[])` runs on this cluster", err)
 
 
 def build_dataset(

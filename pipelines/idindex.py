@@ -205,7 +205,7 @@ def run_bounded(submit: Callable[[int], ray.ObjectRef], count: int, task_cpus: f
         for _ in range(min(max(room, 0), count - submitted)):
             pending[submit(submitted)] = submitted
             submitted += 1
-        done, _ = ray.wait(list(pending), num_returns=1)
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=5)  # and look again for CPUs that joined
         for ref in done:
             results[pending.pop(ref)] = ray.get(ref)
     return results

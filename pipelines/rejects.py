@@ -11,6 +11,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipelines import io
@@ -43,9 +44,9 @@ class Rejected:
 
 def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, records: BinaryIO | None = None) -> Rejected:
     """Count the rejected rows of the finished job at ``output_uri`` (only those of ``stages``, all
-    by default) and write their original records to ``records``, one a line, in input order (a
-    record that could not be read is written as it was read: a line that is not JSON stays as it
-    was). Only a finished job (``_report.json`` written) is read: before that, files of chunks not yet
+    by default) and write their original records to ``records``, one a line, chunk by chunk (in
+    input order within a chunk; a record that could not be read is written as it was read: a line
+    that is not JSON stays as it was). Only a finished job (``_report.json`` written) is read: before that, files of chunks not yet
     committed may be there. rejected/ must hold exactly the rows the report counts."""
     unknown = sorted(set(stages or ()) - set(STAGES))
     if unknown:
@@ -58,8 +59,12 @@ def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, record
     expected = io.read_json(report_uri)["rows_rejected"]
     kept = pa.array(list(stages or STAGES), pa.string())
     result = Rejected()
-    for uri in io.list_files(io.join(output_uri, "rejected")):  # sorted: chunk keys, in input order
-        fs, path = io.filesystem(uri)
+    fs, folder = io.filesystem(io.join(output_uri, "rejected"))  # one file system for all the files
+    found = (fs.get_file_info(pafs.FileSelector(folder, recursive=True))
+             if fs.get_file_info(folder).type == pafs.FileType.Directory else [])
+    # chunk keys in order (rows in input order within a chunk); not the hidden temporary file a
+    # write interrupted on local disk may leave (io.write_bytes), which holds no committed row
+    for path in sorted(info.path for info in found if info.type == pafs.FileType.File and not info.base_name.startswith(".")):
         table = pq.read_table(path, filesystem=fs, schema=REJECTED_SCHEMA, columns=["record", "reason", "stage"])
         result.rows_rejected += table.num_rows
         table = table.filter(pc.is_in(table.column("stage"), value_set=kept))

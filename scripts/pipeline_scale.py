@@ -167,6 +167,7 @@ def split_records(source: Path, files: int) -> Path:
     if not folder.exists():
         lines = source.read_bytes().splitlines(keepends=True)
         parts = folder.with_name(folder.name + ".tmp")
+        subprocess.run(["rm", "-rf", str(parts)], check=True)  # left by an interrupted split
         parts.mkdir()
         step = -(-len(lines) // files)
         for part in range(files):

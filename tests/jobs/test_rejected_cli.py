@@ -4,6 +4,8 @@ for a corrected run, which then writes the products the first run could not."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -115,3 +117,28 @@ def test_a_check_that_fails_leaves_no_records_file(ray_cluster, tmp_path, capsys
     out = tmp_path / "records" / "rejected.jsonl"
     assert cli.main(["rejected", str(output), "--out", str(out)]) == 2
     assert not out.exists() and list((tmp_path / "records").iterdir()) == []  # nor a temporary file
+
+
+def test_out_leaves_later_copies_out_unless_asked_and_is_read_like_a_plain_file(ray_cluster, tmp_path, capsys):
+    """--out without --stage writes every stage but dedup (a later copy of a product the job wrote
+    would be written twice); a leftover hidden temporary file of an interrupted local write is not a
+    rejected file; the records file gets the umask's mode, not mkstemp's 0600; a folder is refused."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records()))
+    output = tmp_path / "out"
+    assert run_extract(extract_args(source, output, "--docs-per-prompt", 2, "--dry-run-fail", "p7")) == 0
+    (output / "rejected" / ".tmp-x.parquet-0123").write_bytes(b"PAR1 cut short")  # as a killed write leaves it
+    capsys.readouterr()
+    out = tmp_path / "again.jsonl"
+    assert cli.main(["rejected", str(output), "--out", str(out)]) == 0
+    result, said = last_json(capsys)
+    assert result["by_stage"] == {"read": 1, "validate": 1, "extract": 2} and "4 rejected row(s) of 5" in said
+    assert "tea again" not in out.read_text()  # the duplicate of p3
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+    assert cli.main(["rejected", str(output), "--stage", "dedup", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["title"] == "tea again"
+    capsys.readouterr()
+    assert cli.main(["rejected", str(output), "--out", str(tmp_path)]) == 2
+    assert "is a folder: name the file to write" in capsys.readouterr().err

@@ -86,7 +86,8 @@ def test_device_gpu_asks_an_autoscaling_cluster_for_its_gpus_and_waits():
     with pytest.raises(RuntimeError, match="no GPU joined the cluster in 30 s: check"):
         await_with(Cluster([0]), ResourceConfig(device="gpu", gpu_wait_seconds=30))
     present = Cluster([2])
-    assert await_with(present, ResourceConfig(device="gpu", max_actors=2)) == 2 and present.asked == []  # nothing to ask
+    assert await_with(present, ResourceConfig(device="gpu", max_actors=2)) == 2
+    assert present.asked == [[{"GPU": 1, "CPU": 1.0}] * 2]  # replaces a larger request made before the index
 
 
 def test_cpu_actors_share_all_cores_for_torch_threads():
@@ -318,3 +319,29 @@ def test_gpus_are_asked_for_before_the_index_by_a_lower_bound_on_the_chunks():
     assert request_gpus(ResourceConfig(device="gpu", max_actors=8), 7, lambda bundles: asked.append(bundles)) == 7
     assert request_gpus(ResourceConfig(device="gpu"), 7, lambda bundles: asked.append(bundles)) == 1
     assert asked == [[{"GPU": 1, "CPU": 1.0}] * 7, [{"GPU": 1, "CPU": 1.0}]]
+
+
+def test_gpus_are_asked_for_before_the_index_and_withdrawn_when_it_fails(ray_cluster, tmp_path, monkeypatch):
+    """--device gpu on a cluster that has no GPU: the request goes out before the id index is built
+    (its nodes' CPUs build it), and an index that fails withdraws it (bundles=[]), so no GPU node
+    stays up for a job that has stopped."""
+    import ray.autoscaler.sdk
+
+    import pipelines.build
+    from jobs.config import from_args
+    from pipelines import idindex
+
+    calls = []
+    monkeypatch.setattr(ray.autoscaler.sdk, "request_resources", lambda bundles: calls.append(("request", bundles)))
+
+    def failing_index(*args, **kwargs):
+        calls.append(("index", None))
+        raise OSError("the store went away")
+
+    monkeypatch.setattr(idindex, "ensure_index", failing_index)
+    config = from_args(parse("--output", tmp_path / "out", "--device", "gpu", "--max-actors", 4))
+    with pytest.raises(OSError, match="the store went away"):
+        pipelines.build.run_job(prepare=config.prepare, extract=config.extract, output=config.output,
+                                report=config.report, resources=config.resources, skip_existing=None,
+                                arguments=config.arguments)
+    assert calls == [("request", [{"GPU": 1, "CPU": 1.0}]), ("index", None), ("request", [])]
