@@ -142,3 +142,26 @@ def test_out_leaves_later_copies_out_unless_asked_and_is_read_like_a_plain_file(
     capsys.readouterr()
     assert cli.main(["rejected", str(output), "--out", str(tmp_path)]) == 2
     assert "is a folder: name the file to write" in capsys.readouterr().err
+
+
+def test_a_nightly_retry_under_the_prefix_is_seen_by_later_nights(ray_cluster, tmp_path, capsys):
+    """The README's incremental flow: night 1 writes <prefix>dt=1/ and its decoder fails on p7's
+    prompt; the retry runs those records into <prefix>dt=1-retry/ (without --skip-existing: the
+    first output holds them, as rejected); night 2 over the same input with --skip-existing <prefix>
+    then skips every product of night 1, and decodes only a new one."""
+    prefix = f"{tmp_path}/values/"
+    source = tmp_path / "night1.jsonl"
+    source.write_bytes(jsonl(records()))
+    assert run_extract(extract_args(source, f"{prefix}dt=1", "--docs-per-prompt", 2, "--dry-run-fail", "p7")) == 0
+    retry = tmp_path / "retry.jsonl"
+    assert cli.main(["rejected", f"{prefix}dt=1", "--stage", "extract", "--out", str(retry)]) == 0
+    assert run_extract(extract_args(retry, f"{prefix}dt=1-retry", "--docs-per-prompt", 2)) == 0
+    retried = set(read_attributes(f"{prefix}dt=1-retry").column("product_id").to_pylist())
+    assert "p7" in retried and len(retried) == 2
+
+    night2 = tmp_path / "night2.jsonl"
+    night2.write_bytes(jsonl([*records(), {"product_id": "p99", "category": "Tea", "title": "new tea"}]))
+    assert run_extract(extract_args(night2, f"{prefix}dt=2", "--skip-existing", prefix)) == 0
+    assert set(read_attributes(f"{prefix}dt=2").column("product_id").to_pylist()) == {"p99"}
+    # p0..p9 (written on night 1 or by its retry), x1 (rejected there) and the later copy of p3
+    assert report(f"{prefix}dt=2")["rows_skipped"] == 12
