@@ -17,6 +17,9 @@ from pipelines import io
 from pipelines.rejects import STAGES, as_json, read_rejected, summary
 
 
+RUN_AGAIN = tuple(stage for stage in STAGES if stage != "dedup")  # --out's stages unless --stage says
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="a finished `hpd extract` output (local folder or s3:// prefix)")
     parser.add_argument("--stage", choices=STAGES, action="append",
@@ -27,9 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="FILE",
                         help="write their original records here, one JSON line each (local path or s3:// URI), an "
                         "input for `hpd extract --input` (default: none, only the counts)")
-
-
-RUN_AGAIN = tuple(stage for stage in STAGES if stage != "dedup")  # --out's stages unless --stage says
 
 
 def run(args: argparse.Namespace) -> int:

@@ -119,13 +119,20 @@ def delete_if_exists(uri: str) -> None:
         fs.delete_file(path)
 
 
-def list_files(uri: str) -> list[str]:
-    """URIs of all files under ``uri`` (recursive); none if it does not exist."""
+def list_paths(uri: str) -> tuple[pafs.FileSystem, list[pafs.FileInfo]]:
+    """The file system of ``uri`` and every file under it (recursive), sorted by path; none if it
+    does not exist. One file system for them all (an S3 one is slow to build)."""
     fs, root = filesystem(uri)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
-        return []
+        return fs, []
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return sorted(to_uri(fs, i.path) for i in infos if i.type == pafs.FileType.File)
+    return fs, sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path)
+
+
+def list_files(uri: str) -> list[str]:
+    """URIs of all files under ``uri`` (recursive); none if it does not exist."""
+    fs, infos = list_paths(uri)
+    return [to_uri(fs, i.path) for i in infos]
 
 
 def table_to_bytes(table: pa.Table) -> bytes:

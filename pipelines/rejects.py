@@ -11,7 +11,6 @@ from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipelines import io
@@ -59,12 +58,10 @@ def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, record
     expected = io.read_json(report_uri)["rows_rejected"]
     kept = pa.array(list(stages or STAGES), pa.string())
     result = Rejected()
-    fs, folder = io.filesystem(io.join(output_uri, "rejected"))  # one file system for all the files
-    found = (fs.get_file_info(pafs.FileSelector(folder, recursive=True))
-             if fs.get_file_info(folder).type == pafs.FileType.Directory else [])
+    fs, found = io.list_paths(io.join(output_uri, "rejected"))
     # chunk keys in order (rows in input order within a chunk); not the hidden temporary file a
     # write interrupted on local disk may leave (io.write_bytes), which holds no committed row
-    for path in sorted(info.path for info in found if info.type == pafs.FileType.File and not info.base_name.startswith(".")):
+    for path in [info.path for info in found if not info.base_name.startswith(".")]:
         table = pq.read_table(path, filesystem=fs, schema=REJECTED_SCHEMA, columns=["record", "reason", "stage"])
         result.rows_rejected += table.num_rows
         table = table.filter(pc.is_in(table.column("stage"), value_set=kept))
