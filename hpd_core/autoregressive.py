@@ -92,6 +92,8 @@ class AutoregressiveDecoder(BatchedDecoder):
     name = "ar"
 
     def __init__(self, model, tokenizer, config: DecodeConfig, model_name: str = ""):
+        if config.confidence:
+            raise ValueError("confidence is HPD's (and its reference's): the baseline gives its values none")
         super().__init__(model, tokenizer, config, model_name)
         self.runner = ModelRunner(model, tokenizer, prefill_tokens=prefill_tokens(config.prefill_tokens, self.device),
                                   cudnn_attention=config.cudnn_attention,

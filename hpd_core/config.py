@@ -90,6 +90,9 @@ class DecodeConfig:
         back to back) and scored as without it (session 40, README Quality); on CUDA it reads each step's tokens back to the host and its steps are
         not replayed from CUDA graphs. It changes results: a value that would leave the text
         comes out as the span the model prefers.
+    confidence: give every value its probability under the model (``types.Value.confidence``; HPD
+        and its reference, not the baseline). Off by default: on, each step also sums the LM
+        head's probabilities (over the span rule's tokens alone with span decoding).
     """
 
     max_value_tokens: int = 30
@@ -107,6 +110,7 @@ class DecodeConfig:
     cuda_graphs: bool = True
     cudnn_attention: bool = False
     compile_layers: str = "auto"
+    confidence: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_value_tokens, int) or not 1 <= self.max_value_tokens <= 1024:
@@ -131,6 +135,8 @@ class DecodeConfig:
             raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         if not isinstance(self.cudnn_attention, bool):
             raise ValueError(f"cudnn_attention must be a bool, got {self.cudnn_attention!r}")
+        if not isinstance(self.confidence, bool):
+            raise ValueError(f"confidence must be a bool, got {self.confidence!r}")
         if self.spans not in SPANS:
             raise ValueError(f"spans must be one of {SPANS}, got {self.spans!r}")
         if self.compile_layers not in COMPILE_LAYERS:

@@ -26,6 +26,9 @@ host finds the tokens each active slot may take, and the LM head runs over those
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import torch
 
 from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, session_rows
@@ -105,6 +108,8 @@ class HPDDecoder(BatchedDecoder):
         (slots, K, V), a test tool."""
         if forced is not None and self.spans is not None:
             raise ValueError("teacher forcing and span decoding do not go together")
+        if forced is not None and self.config.confidence:
+            raise ValueError("teacher forcing and confidence do not go together")
         if forced is not None:
             for r, (request, slots) in enumerate(zip(requests, forced)):
                 if len(slots) != request.num_slots:
@@ -146,6 +151,8 @@ class HPDSession(Session):
         self.append_at = [0] * rows  # packed steps: where each row's next fed token goes
         self.force = full(pad, S, K) if forced is not None else None
         self.recorded = torch.zeros((rows, S, K, decoder.runner.vocab_size), device=dev) if record else None
+        # confidence: each slot's summed log-probability of the tokens it generated
+        self.logprob = torch.zeros((rows, S), dtype=torch.float32, device=dev) if cfg.confidence else None
         self.steps_since_check = 0
         # per row: the decode steps' queries whose hidden states held NaN or infinity (``note_finite``)
         self.overflows = full(0)
@@ -184,6 +191,8 @@ class HPDSession(Session):
         r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
         s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
         k = torch.zeros_like(r)
+        if self.logprob is not None:
+            self.logprob[rows_t] = 0.0
         new = self.choose(self.decoder.runner.finite(torch.cat(hidden)), r, s, k)  # token 1 of every slot
         self.state[rows_t] = DONE
         self.n_gen[rows_t] = 0
@@ -216,7 +225,10 @@ class HPDSession(Session):
         runner = self.decoder.runner
         if self.decoder.spans is not None:
             return self.choose_spans(hidden, r, s, fed)
-        if self.recorded is None:
+        if self.logprob is not None:  # never with teacher forcing (decode_batch)
+            new, logprob = runner.next_tokens(hidden, self.decoder.config, self.generator, scores=True)
+            self.add_logprob(r, s, logprob, fed)
+        elif self.recorded is None:
             new = runner.next_tokens(hidden, self.decoder.config, self.generator)
         else:
             logits = runner.logits(hidden)
@@ -236,11 +248,21 @@ class HPDSession(Session):
         real = [True] * len(rows) if fed is None else fed.tolist()
         pad = self.decoder.runner.pad_id
         allowed = [self.span_slots[row][slot].allowed() if ok else [pad] for row, slot, ok in zip(rows, slots, real)]
-        new = self.decoder.runner.allowed_tokens(hidden, allowed, self.decoder.config, self.generator)
+        if self.logprob is None:
+            new = self.decoder.runner.allowed_tokens(hidden, allowed, self.decoder.config, self.generator)
+        else:
+            new, logprob = self.decoder.runner.allowed_tokens(hidden, allowed, self.decoder.config, self.generator,
+                                                              scores=True)  # fmt: skip
+            self.add_logprob(r, s, logprob, fed)
         for row, slot, ok, token in zip(rows, slots, real, new.tolist()):
             if ok:
                 self.span_slots[row][slot].advance(token)
         return new
+
+    def add_logprob(self, r: torch.Tensor, s: torch.Tensor, logprob: torch.Tensor, fed=None) -> None:
+        """Add the chosen tokens' log-probabilities to their slots' sums (queries not ``fed`` add 0):
+        on the device, in place, so a step recorded as a CUDA graph keeps doing it."""
+        self.logprob.index_put_((r, s), logprob if fed is None else torch.where(fed, logprob, 0.0), accumulate=True)
 
     # -- steps -----------------------------------------------------------------------------
     def packed_step(self) -> None:
@@ -317,16 +339,18 @@ class HPDSession(Session):
                             self.overflows[idx, None]], 1)  # fmt: skip
         tables = tables.cpu()
         recorded = self.recorded[idx].cpu() if self.recorded is not None else None
+        logprob = self.logprob[idx].cpu() if self.logprob is not None else None
         result = []
         for i, item in enumerate(items):
             s = self.layouts[item].num_slots
             out, n_gen, state = tables[i, : S * K].view(S, K), tables[i, S * K : S * K + S], tables[i, S * K + S : -2]
             rec = recorded[i, :s] if recorded is not None else None
-            result.append((out[:s], n_gen[:s], state[:s], int(tables[i, -2]), rec, int(tables[i, -1])))
+            lp = logprob[i, :s].tolist() if logprob is not None else None
+            result.append((out[:s], n_gen[:s], state[:s], int(tables[i, -2]), rec, int(tables[i, -1]), lp))
         return result
 
     def parse(self, item: int, outputs) -> Result:
-        out, n_gen, state, passes, recorded, overflows = outputs
+        out, n_gen, state, passes, recorded, overflows, logprob = outputs
         request, lay = self.requests[item], self.layouts[item]
         if overflows:
             reason = self.decoder.runner.overflow_reason(" while decoding")
@@ -336,6 +360,8 @@ class HPDSession(Session):
             parse_value(self.decoder.tokenizer.decode(ids, skip_special_tokens=True), finished=bool(state[s] == DONE))
             for s, ids in enumerate(slot_tokens)
         ]
+        if logprob is not None:
+            values = [with_confidence(value, lp) for value, lp in zip(values, logprob)]
         extra = {"slot_tokens": slot_tokens}
         if recorded is not None:
             extra["step_logits"] = recorded
@@ -348,6 +374,11 @@ class HPDSession(Session):
             decoder=self.decoder.name,
             extra=extra,
         )
+
+
+def with_confidence(value: Value, logprob: float) -> Value:
+    """The value with its confidence: the probability whose log its tokens' log-probabilities sum to."""
+    return replace(value, confidence=math.exp(logprob))
 
 
 def group(values: list[Value], num_attributes: int) -> tuple[tuple[Value, ...], ...]:

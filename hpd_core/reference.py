@@ -19,7 +19,7 @@ from hpd_core import masks
 from hpd_core.autoregressive import AutoregressiveDecoder, answer_length, make_result
 from hpd_core.batching import BatchedDecoder
 from hpd_core.config import DecodeConfig
-from hpd_core.engine import group
+from hpd_core.engine import group, with_confidence
 from hpd_core.layout import Layout, build_layout, require_token_boundary
 from hpd_core.prompts import parse_value
 from hpd_core.sampling import make_generator, select
@@ -98,6 +98,7 @@ class ReferenceDecoder(BatchedDecoder):
         fed: list[list[int]] = [[] for _ in range(S)]
         state = [START] * S
         active = [True] * S
+        logprob = [0.0] * S  # confidence: each slot's summed log-probability
         passes = 0
         spans = None
         if self.spans is not None:  # span decoding: the full logits, masked to what the rule allows
@@ -114,6 +115,7 @@ class ReferenceDecoder(BatchedDecoder):
                     allowed = torch.tensor(spans[s].allowed(), device=row.device)
                     row = torch.full_like(row, float("-inf")).index_copy(0, allowed, row[allowed])
                 token = int(select(row, self.config, generator))
+                logprob[s] += float(torch.log_softmax(row, -1)[token])
                 if spans is not None:
                     spans[s].advance(token)
                 generated[s].append(token)
@@ -127,6 +129,8 @@ class ReferenceDecoder(BatchedDecoder):
             parse_value(self.tokenizer.decode(generated[s], skip_special_tokens=True), finished=state[s] == DONE)
             for s in range(S)
         ]
+        if self.config.confidence:
+            values = [with_confidence(value, lp) for value, lp in zip(values, logprob)]
         return Result(
             request=request,
             values=group(values, layout.num_attributes),

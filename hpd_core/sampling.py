@@ -27,3 +27,10 @@ def select(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generato
         probs = torch.zeros_like(probs).scatter_(-1, sorted_ids, sorted_probs)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def chosen_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits (..., V), tokens (...) -> each token's log-probability (...) under the logits'
+    distribution at temperature 1 (float32): what a value's ``confidence`` is made of, whichever
+    temperature picked the tokens. Masked logits (-inf) give the distribution among the rest."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -62,11 +62,16 @@ class Value:
     ``value`` is None when the model answered ``null`` or nothing usable. ``truncated`` means the
     value hit the token limit before it closed. ``parse_error`` means the model's text for this slot
     was not valid JSON (the value is then None, or the best partial string when truncated).
+    ``confidence`` (``DecodeConfig.confidence``; None when not asked for): the probability the model
+    gave this slot's tokens, every one it generated (a ``null`` answer's and the token that closed
+    the value included), each at temperature 1 among the tokens it could take (with span decoding,
+    those the span rule allowed). A product of probabilities, so long values score lower.
     """
 
     value: str | None
     truncated: bool = False
     parse_error: bool = False
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)

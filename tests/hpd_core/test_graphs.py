@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -69,6 +70,25 @@ def test_cuda_graph_steps_equal_eager_steps(tokenizer, arch):
         assert b.runner.counts == a.runner.counts and b.runner.tokens == a.runner.tokens
         assert b.runner.graphs["captured"] >= 1 and b.runner.graphs["failed"] == 0, b.runner.graphs
         assert a.runner.graphs == {"captured": 0, "failed": 0}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_cuda_graph_steps_keep_the_confidence_of_eager_steps(tokenizer, arch):
+    """On CUDA, float32: the confidences summed inside a replayed graph (in place, on the device)
+    == those of eager fixed steps, rows refilled between replays."""
+    from .conftest import tiny_model
+
+    requests = category_requests(random.Random(52), 5)
+    model = tiny_model(arch, len(tokenizer)).cuda()
+    eager = DecodeConfig(max_value_tokens=6, max_batch_size=2, cuda_graphs=False, compile_layers="off", confidence=True)
+    a, b = (make_decoder("hpd", model, tokenizer, c) for c in (eager, replace(eager, cuda_graphs=True)))
+    ra, rb = a.decode(requests), b.decode(requests)
+    assert [r.extra["slot_tokens"] for r in rb] == [r.extra["slot_tokens"] for r in ra]
+    conf = lambda results: [v.confidence for r in results for row in r.values for v in row]
+    assert conf(rb) == pytest.approx(conf(ra), rel=1e-5) and all(0 < c <= 1 for c in conf(rb))
+    assert b.runner.graphs["captured"] >= 1 and b.runner.graphs["failed"] == 0, b.runner.graphs
 
 
 def _failing_capture(step):
