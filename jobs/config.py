@@ -127,7 +127,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     decode = DecodeConfig(**_given(max_value_tokens=args.max_value_tokens, skeleton=args.skeleton,
                                    batch_token_budget=args.batch_token_budget, step_shape=args.step_shape,
                                    compile_layers=args.compile_layers), spans=args.spans,
-                          cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention)
+                          cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention, confidence=args.confidence)
     model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
     failures = tuple(map(parse_failure, args.dry_run_fail or ()))
     dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)
@@ -144,7 +144,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
         # as given, less what equals the default: typing --model default or --dtype auto is the same job
         "model": {k: v for k, v in model.items() if v != MODEL_DEFAULTS.get(k)},
         # the batch budget sets speed, not results: a run may resume on another machine with another one
-        "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
+        # confidence off is how every job ran before the option: left out, the same identity
+        "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY and (k, v) != ("confidence", False)},
         "values_in_text": not args.keep_values_not_in_text,
     }
     if args.decoder == DRY_RUN and dry_run.failures:  # they decide which rows are rejected

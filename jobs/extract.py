@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hpd, ar, reference: decode each value as a span of its product's text (tokens that would leave it are "
                         "never chosen; the LM head runs over the allowed tokens only): on (also --spans alone), off, or auto "
                         "(default: on where the model runs on a CPU, where it is faster and scores the same; off on a GPU)")
+    parser.add_argument("--confidence", action="store_true",
+                        help="hpd, reference: write each value's probability under the model in a confidence column "
+                        "(null for a value written as null by the text check; not with --decoder ar)")
     parser.add_argument("--keep-values-not-in-text", action="store_true",
                         help="write values that do not occur in their product's text as the model gave them "
                         "(default: write them as null and count them in the report's values_not_in_text)")

@@ -44,6 +44,15 @@ ATTRIBUTES_SCHEMA = pa.schema(
         ("run_id", pa.string()),
     ]
 )
+# --confidence (DecodeConfig.confidence): the value's probability under the model, after run_id
+CONFIDENCE_FIELD = pa.field("confidence", pa.float32())
+
+
+def attributes_schema(confidence: bool) -> pa.Schema:
+    """The attribute rows' schema: ATTRIBUTES_SCHEMA, and the confidence column when asked for."""
+    return ATTRIBUTES_SCHEMA.append(CONFIDENCE_FIELD) if confidence else ATTRIBUTES_SCHEMA
+
+
 REJECTED_SCHEMA = pa.schema(
     [("record", pa.string()), ("reason", pa.string()), ("stage", pa.string()), ("run_id", pa.string())]
 )

@@ -45,7 +45,7 @@ from hpd_core.spans import product_fields
 from hpd_core.types import Product, Request, Result
 from pipelines import io
 from pipelines.artifacts import resolve_model_path
-from pipelines.commit import ATTRIBUTES_SCHEMA, REJECTED_SCHEMA
+from pipelines.commit import REJECTED_SCHEMA, attributes_schema
 from pipelines.dryrun import DRY_RUN, DryRunConfig, DryRunDecoder
 from pipelines.prepare import OK, REJECTED, SKIPPED
 from pipelines.report import COUNTERS
@@ -59,7 +59,7 @@ RESULT_SCHEMA = pa.schema(
         ("chunk", pa.string()),
         ("shard", pa.string()),
         ("index", pa.int64()),
-        ("attributes", pa.binary()),  # Arrow IPC, ATTRIBUTES_SCHEMA
+        ("attributes", pa.binary()),  # Arrow IPC, commit.attributes_schema
         ("rejected", pa.binary()),  # Arrow IPC, REJECTED_SCHEMA
         ("categories", pa.list_(pa.string())),  # every category a partition file may exist for
         ("owned_ids", pa.list_(pa.string())),  # product ids this chunk owns (dedup)
@@ -75,6 +75,7 @@ RESULT_SCHEMA = pa.schema(
 )
 log = logging.getLogger("hpd.extract")
 SPAN_DECODERS = ("hpd", "ar", "reference")  # the decoders with span decoding (DecodeConfig.spans)
+CONFIDENCE_DECODERS = ("hpd", "reference")  # the decoders that give values a confidence (DecodeConfig.confidence)
 # --compile-layers auto compiles only for jobs of at least this many products an actor: each actor
 # compiles once, about 11 s on a CPU with an empty inductor cache (1 s with a warm one), and on the
 # 2-core CPU the compiled pieces saved about 2 ms a title (session 45: 491 OA-Mine titles in one
@@ -122,6 +123,8 @@ class ExtractConfig:
             raise ValueError(f"decode_attempts must be a positive int, got {self.decode_attempts!r}")
         if self.decode.spans == "on" and self.decoder not in SPAN_DECODERS:  # "auto" leaves the others plain
             raise ValueError(f"spans must go with --decoder {' or '.join(SPAN_DECODERS)}, got {self.decoder}")
+        if self.decode.confidence and self.decoder not in CONFIDENCE_DECODERS:
+            raise ValueError(f"confidence must go with --decoder {' or '.join(CONFIDENCE_DECODERS)}, got {self.decoder}")
         if not isinstance(self.values_in_text, bool):
             raise ValueError(f"values_in_text must be a bool, got {self.values_in_text!r}")
         if not isinstance(self.progress_seconds, (int, float)) or self.progress_seconds < 0:
@@ -379,7 +382,7 @@ class ExtractStage:
                 for attribute, value in zip(request.attributes, values):
                     if self.config.values_in_text and value.value is not None and not in_text(value.value, product):
                         stats.update(values_not_in_text=1)
-                        value = replace(value, value=None)
+                        value = replace(value, value=None, confidence=None)
                     stats.update(
                         attribute_rows=1,
                         values_null=int(value.value is None),
@@ -396,6 +399,7 @@ class ExtractStage:
                             "decoder": result.decoder,
                             "model": self.decoder.model_name,
                             "run_id": self.config.run_id,
+                            "confidence": value.confidence,  # dropped by the schema unless asked for
                         }
                     )
 
@@ -414,7 +418,7 @@ class ExtractStage:
             "chunk": chunk["chunk"],
             "shard": chunk["shard"],
             "index": chunk["index"],
-            "attributes": io.table_to_bytes(pa.Table.from_pylist(attributes, schema=ATTRIBUTES_SCHEMA)),
+            "attributes": io.table_to_bytes(pa.Table.from_pylist(attributes, schema=attributes_schema(self.config.decode.confidence))),
             "rejected": io.table_to_bytes(pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA)),
             "categories": sorted({row["category"] for row in rows if row["category"] is not None}),
             "owned_ids": [row["product_id"] for row in rows if row["status"] == OK],

@@ -153,6 +153,10 @@ def test_defaults_come_from_the_dataclasses_and_run_id_is_stable(tmp_path):
     packed = from_args(parse("--output", tmp_path / "out", "--step-shape", "packed"))
     assert packed.extract.decode.step_shape == "packed"  # part of the identity: in bf16 the rounding may differ
     assert packed.output.run_id != config.output.run_id
+    assert "confidence" not in config.arguments["decode"]  # off: the identity of every job before the option
+    sure = from_args(parse("--output", tmp_path / "out", "--confidence"))
+    assert sure.extract.decode.confidence and sure.arguments["decode"]["confidence"] is True
+    assert sure.output.run_id != config.output.run_id  # another column in its files
 
 
 def test_an_output_started_with_a_typed_default_before_resumes_under_its_own_id(tmp_path):
@@ -224,6 +228,8 @@ def test_typing_a_default_model_or_dtype_is_the_same_job(tmp_path):
         (["--output", "x", "--model", "s3://b/m", "--dtype", "float32", "--max-actors", 0], "^--max-actors must be"),
         (["--output", "ftp://host/x"], "unsupported URI scheme"),
         (["--output", "x", "--spans", "--decoder", "dry-run"], "^--spans must go with --decoder hpd or ar or reference, got dry-run$"),
+        (["--output", "x", "--confidence", "--decoder", "ar"], "^--confidence must go with --decoder hpd or reference, got ar$"),
+        (["--output", "x", "--confidence", "--decoder", "dry-run"], "^--confidence must go with --decoder hpd or reference, got dry-run$"),
     ],
 )
 def test_bad_arguments_are_clear_value_errors(argv, message, tmp_path):

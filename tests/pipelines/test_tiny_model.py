@@ -1,8 +1,11 @@
 """The whole job (`hpd extract` through local Ray: ExtractStage actors, stacking, commit) on a tiny
 random model saved to a local directory (--model DIR), float32: HPD and the no-cache oracle give
-identical values. The same check on the real default model is slow (test_real_model.py)."""
+identical values, and the same confidences. The same check on the real default model is slow
+(test_real_model.py)."""
 
 from __future__ import annotations
+
+import pytest
 
 from .helpers import SAMPLE, extract_args, read_attributes, report, run_extract
 
@@ -21,14 +24,46 @@ def test_hpd_equals_reference_through_the_job_on_a_tiny_model(ray_cluster, tmp_p
     tiny_model("llama", len(tokenizer)).save_pretrained(model_dir)
     common = ["--model", model_dir, "--limit", 6, "--docs-per-prompt", 2, "--max-value-tokens", 6, "--dtype", "float32",
               "--max-actors", 1]
-    outputs = {}
-    for decoder in ("hpd", "reference"):
+    outputs, confidence = {}, {}
+    for decoder, flags in (("hpd", ["--confidence"]), ("reference", ["--confidence"]), ("hpd-plain", [])):
         out = tmp_path / decoder
-        argv = extract_args(SAMPLE, out, *common)
-        argv[argv.index("--decoder") + 1] = decoder
+        argv = extract_args(SAMPLE, out, *common, *flags)
+        argv[argv.index("--decoder") + 1] = decoder.removesuffix("-plain")
         assert run_extract(argv) == 0
-        outputs[decoder] = _values(read_attributes(str(out)))
+        table = read_attributes(str(out))
+        outputs[decoder] = _values(table)
+        if flags:
+            rows = table.select(["product_id", "attribute", "confidence"]).to_pylist()
+            confidence[decoder] = {(r["product_id"], r["attribute"]): r["confidence"] for r in rows}
+        else:
+            assert "confidence" not in table.column_names  # only when asked for
         done = report(str(out))
         assert done["products_out"] == 6 and done["dtype"] == "float32" and done["spans"] == "on"  # auto: on a CPU
-    assert outputs["hpd"] == outputs["reference"]
+    assert outputs["hpd"] == outputs["reference"] == outputs["hpd-plain"]
     assert len(outputs["hpd"]) > 6 and any(value is not None for value, _ in outputs["hpd"].values())
+    keys = sorted(confidence["hpd"])
+    assert keys == sorted(confidence["reference"])
+    assert [confidence["hpd"][k] for k in keys] == pytest.approx([confidence["reference"][k] for k in keys], rel=1e-4)
+    assert all(0 < c <= 1 for c in confidence["hpd"].values()) and len(set(confidence["hpd"].values())) > 1
+
+
+def test_a_value_the_text_check_drops_loses_its_confidence(ray_cluster, tmp_path):
+    """Without span decoding the random model writes values found in no text of their product: the
+    text check writes them as null, and their confidence with them (a null value's confidence is
+    the model's for its own null answer, which it did not give)."""
+    from tests.hpd_core.conftest import build_tokenizer, tiny_model
+
+    model_dir = tmp_path / "tiny-llama"
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    tiny_model("llama", len(tokenizer)).save_pretrained(model_dir)
+    out = tmp_path / "out"
+    argv = extract_args(SAMPLE, out, "--model", model_dir, "--limit", 6, "--docs-per-prompt", 2, "--max-value-tokens", 6,
+                        "--dtype", "float32", "--max-actors", 1, "--spans", "off", "--confidence")  # fmt: skip
+    argv[argv.index("--decoder") + 1] = "hpd"
+    assert run_extract(argv) == 0
+    rows = read_attributes(str(out)).select(["value", "confidence"]).to_pylist()
+    dropped = report(str(out))["values_not_in_text"]
+    assert dropped > 0 and sum(1 for r in rows if r["confidence"] is None) == dropped
+    assert all(r["value"] is None for r in rows if r["confidence"] is None)
+    assert any(r["confidence"] is not None for r in rows)
