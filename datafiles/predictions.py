@@ -8,7 +8,7 @@ before 2026-11-24, and hand-made prediction files).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from datafiles.storage import resolve
@@ -27,6 +27,8 @@ class Predictions:
     rows: int
     files: int
     truncated: int = 0
+    # product_id -> attribute -> the value's probability (outputs of `hpd extract --confidence`)
+    confidence: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def attribute_files(uri: str, what: str = "predictions") -> list:
@@ -67,9 +69,10 @@ def read_predictions(uri: str) -> Predictions:
     fragments = attribute_files(uri)
     values: dict[str, dict[str, object]] = {}
     categories: dict[str, str | None] = {}
+    confidence: dict[str, dict[str, float]] = {}
     rows = truncated = 0
     for fragment in fragments:
-        table = read_columns(fragment, optional=("category", "truncated"))
+        table = read_columns(fragment, optional=("category", "truncated", "confidence"))
         n_rows = len(table["product_id"])
         file_categories = table.get("category", [_partition_category(fragment.path)] * n_rows)
         for i, (product_id, attribute, value) in enumerate(zip(table["product_id"], table["attribute"], table["value"])):
@@ -78,6 +81,9 @@ def read_predictions(uri: str) -> Predictions:
                 raise ValueError(f"{fragment.path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
             per_product[attribute] = value
             categories.setdefault(product_id, file_categories[i])
+            sure = table["confidence"][i] if "confidence" in table else None
+            if sure is not None:
+                confidence.setdefault(product_id, {})[attribute] = sure
         truncated += sum(1 for flag in table.get("truncated", ()) if flag)
         rows += n_rows
-    return Predictions(values, categories, rows, len(fragments), truncated)
+    return Predictions(values, categories, rows, len(fragments), truncated, confidence)

@@ -33,6 +33,15 @@ def render_markdown(result: EvaluationResult, title: str) -> str:
             lines.append(
                 f"| {name} {kind} | {_fmt(s.precision)} | {_fmt(s.recall)} | {_fmt(s.f1)} | {c.nn} | {c.nv} | {c.vn} | {c.vc} | {c.vw} |"
             )
+    if result.by_confidence:
+        lines += ["", "## By confidence", "",
+                  "Values whose confidence is below the threshold read as null (`hpd extract --confidence`).", "",
+                  "| confidence at least | values kept | share | P | R | F1 | strict P | strict F1 |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for row in result.by_confidence:
+            m, s = row.micro, row.strict
+            lines.append(f"| {row.threshold:g} | {row.values} | {row.share:.2f}% | {_fmt(m.precision)} | {_fmt(m.recall)} "
+                         f"| {_fmt(m.f1)} | {_fmt(s.precision)} | {_fmt(s.f1)} |")  # fmt: skip
     lines += ["", "## Per category (micro)", "", "| category | P | R | F1 | strict P | strict F1 |", "|---|---:|---:|---:|---:|---:|"]
     for category in dict.fromkeys(c.category for c in result.strict.combos):
         lenient = score_counts(sum((c.counts for c in result.lenient.combos if c.category == category), Counts()))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datafiles.dataset import GoldExample, validate_target_scores
 from datafiles.predictions import Predictions
 from datafiles.storage import read_text
+from evaluation.confidence import AtThreshold, by_confidence
 from evaluation.metrics import MetricReport, extractgpt_metric, parse_extractgpt_prediction, strict_metric
 
 
@@ -25,14 +26,18 @@ class EvaluationResult:
     lenient: MetricReport
     strict: MetricReport
     products: dict[str, int] = field(default_factory=dict)
+    by_confidence: tuple[AtThreshold, ...] = ()  # outputs with confidences (evaluation/confidence.py)
 
     def summary(self) -> dict:
-        return {
+        summary = {
             **self.lenient.to_dict(with_combos=False),
             "strict": self.strict.to_dict(with_combos=False),
             "combos": len(self.lenient.combos),
             "products": self.products,
         }
+        if self.by_confidence:
+            summary["by_confidence"] = [row.to_dict() for row in self.by_confidence]
+        return summary
 
 
 def evaluate(
@@ -57,6 +62,7 @@ def evaluate(
         extractgpt_metric(gold, predictions.values, attributes),
         strict_metric(gold, predictions.values, attributes),
         products,
+        tuple(by_confidence(gold, predictions.values, predictions.confidence, attributes)),
     )
 
 

@@ -1,0 +1,78 @@
+"""`hpd evaluate` on an output with confidences (`hpd extract --confidence`): both metrics again with
+the values below each threshold read as null, counted by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs
+
+from datafiles.dataset import read_gold
+from datafiles.predictions import read_predictions
+from evaluation.confidence import by_confidence, kept
+from jobs.cli import main
+
+from .test_evaluate import SCHEMA, _rows, gold_dir, write_predictions  # noqa: F401 (gold_dir: a fixture)
+
+# the predictions of test_evaluate (gold outcome in the comment), each with a confidence
+CONFIDENCE = {
+    (0, "Brand"): 0.95,  # Acme: VC
+    (0, "Color"): 0.6,  # Navy: VC
+    (1, "Brand"): 0.3,  # Soft where the gold is n/a: NV
+    (1, "Color"): 0.85,  # Gray for Grey: VW
+    (2, "Brand"): 0.4,  # zed for Zed: VW
+    (2, "Color"): 0.99,  # Red: VC
+    (4, "Brand"): 0.97,  # Kiddo: VC
+    (4, "Color"): None,  # Green, unannotated (strict: NV); no confidence: never dropped
+}
+
+
+def add_confidence(base: Path) -> None:
+    """The files write_predictions wrote, again with a confidence column."""
+    for path in base.glob("attributes/*/*.parquet"):
+        table = pq.read_table(path)
+        ids = table["product_id"].to_pylist()
+        values = [CONFIDENCE.get((int(pid.rsplit("-", 1)[1]), name)) if pid.startswith("tiny-test-") else 0.1
+                  for pid, name in zip(ids, table["attribute"].to_pylist())]  # fmt: skip
+        pq.write_table(table.append_column(pa.field("confidence", pa.float32()), pa.array(values, pa.float32())), path)
+
+
+def test_scores_by_confidence_counted_by_hand(tmp_path: Path, gold_dir: Path, capsys):
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    argv = ["evaluate", "--predictions", str(out), "--gold", str(gold_dir / "gold.jsonl"), "--attributes",
+            str(gold_dir / "attributes.json")]  # fmt: skip
+    assert main(argv) == 0
+    assert "by_confidence" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # no column: no table
+    assert "By confidence" not in (out / "_evaluation.md").read_text(encoding="utf-8")
+    add_confidence(out)
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["micro"] == {"precision": 57.14, "recall": 57.14, "f1": 57.14}  # the headline is unchanged
+    rows = {row["threshold"]: row for row in summary["by_confidence"]}
+    assert rows[0.0]["micro"] == summary["micro"] and rows[0.0]["values"] == 8 and rows[0.0]["share"] == 100.0
+    # 0.5: Soft (NV -> NN) and zed (VW -> VN) dropped: VC 4, VW 1, VN 2 (zed, the unpredicted Sock)
+    assert rows[0.5]["values"] == 6 and rows[0.5]["share"] == 75.0
+    assert rows[0.5]["micro"] == {"precision": 80.0, "recall": 57.14, "f1": 66.66}  # F1 of the rounded P and R
+    # 0.9: Navy (VC -> VN) and Gray (VW -> VN) too: VC 3 (Acme, Red, Kiddo), VN 4; Green kept (strict NV)
+    assert rows[0.9]["values"] == 4 and rows[0.9]["share"] == 50.0
+    assert rows[0.9]["micro"] == {"precision": 100.0, "recall": 42.86, "f1": 60.0}
+    assert rows[0.9]["strict"] == {"precision": 75.0, "recall": 42.86, "f1": 54.55}
+    markdown = (out / "_evaluation.md").read_text(encoding="utf-8")
+    assert "| 0.9 | 4 | 50.00% | 100.00 | 42.86 | 60.00 | 75.00 | 54.55 |" in markdown
+
+
+def test_reading_and_dropping(tmp_path: Path, gold_dir: Path):
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    add_confidence(out)
+    predictions = read_predictions(str(out))
+    assert predictions.confidence["tiny-test-00000"] == {"Brand": pytest.approx(0.95), "Color": pytest.approx(0.6)}
+    assert "Color" not in predictions.confidence["tiny-test-00004"]  # null: not known, not 0
+    at = kept(predictions.values, predictions.confidence, 0.9)
+    assert at["tiny-test-00000"] == {"Brand": "Acme", "Color": None} and at["tiny-test-00004"]["Color"] == "Green"
+    assert by_confidence(read_gold(str(gold_dir / "gold.jsonl")), predictions.values, {}) == []
