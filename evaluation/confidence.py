@@ -4,12 +4,15 @@ An output written with ``hpd extract --confidence`` carries each value's probabi
 (``hpd_core.types.Value.confidence``). At a threshold t every value with a confidence below t is read
 as null and both metrics are computed again, so a user can choose t for the precision a catalog
 needs and see what it costs in recall (a value set to null is a miss where the gold has one, and
-no longer a wrong value). Values without a confidence (none was asked for, or a dry run) are never
-dropped; a table is made only when some value has one.
+no longer a wrong value). The column is float32, so each threshold is compared as a float32 (a
+value of 0.9 is kept at "at least 0.9"); a confidence that is not a number (NaN) counts as below
+every threshold but 0. Values without a confidence (in an output with the column, those the text
+check wrote as null) are never dropped; a table is made only when some value has one.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,9 +39,11 @@ def kept(
     predictions: Mapping[str, Mapping[str, object]], confidence: Mapping[str, Mapping[str, float]], threshold: float
 ) -> dict[str, dict[str, object]]:
     """The predictions with every value whose confidence is below ``threshold`` read as null."""
+    at_least = struct.unpack("f", struct.pack("f", threshold))[0]  # as the float32 column stores it
+
     def keep(product_id: str, attribute: str, value: object) -> object:
         sure = confidence.get(product_id, {}).get(attribute)
-        return None if sure is not None and sure < threshold else value
+        return None if threshold > 0 and sure is not None and not sure >= at_least else value
 
     return {pid: {name: keep(pid, name, value) for name, value in values.items()} for pid, values in predictions.items()}
 
@@ -54,11 +59,14 @@ def by_confidence(
     if not any(confidence.values()):
         return []
     gold_ids = {ex.product_id for ex in gold}
-    rows, everything = [], None
+
+    def count(at: Mapping[str, Mapping[str, object]]) -> int:
+        return sum(1 for pid, row in at.items() if pid in gold_ids for v in row.values() if not is_null_prediction(v))
+
+    rows, everything = [], count(predictions)
     for threshold in thresholds:
         at = kept(predictions, confidence, threshold)
-        values = sum(1 for pid, row in at.items() if pid in gold_ids for v in row.values() if not is_null_prediction(v))
-        everything = values if everything is None else everything
+        values = count(at)
         share = round(100.0 * values / everything, 2) if everything else 0.0
         micro = extractgpt_metric(gold, at, attributes).micro
         rows.append(AtThreshold(threshold, values, share, micro, strict_metric(gold, at, attributes).micro))

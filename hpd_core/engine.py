@@ -260,9 +260,12 @@ class HPDSession(Session):
         return new
 
     def add_logprob(self, r: torch.Tensor, s: torch.Tensor, logprob: torch.Tensor, fed=None) -> None:
-        """Add the chosen tokens' log-probabilities to their slots' sums (queries not ``fed`` add 0):
-        on the device, in place, so a step recorded as a CUDA graph keeps doing it."""
-        self.logprob.index_put_((r, s), logprob if fed is None else torch.where(fed, logprob, 0.0), accumulate=True)
+        """Add the chosen tokens' log-probabilities to their slots' sums (queries not ``fed`` add 0;
+        each (r, s) once a call): on the device, in place, with ``index_add_`` as ``note_finite``
+        (``index_put_`` with ``accumulate`` sorts on CUDA, which a CUDA graph may not capture), so a
+        step recorded as a graph keeps doing it."""
+        added = logprob if fed is None else torch.where(fed, logprob, 0.0)
+        self.logprob.view(-1).index_add_(0, r * self.S + s, added)
 
     # -- steps -----------------------------------------------------------------------------
     def packed_step(self) -> None:

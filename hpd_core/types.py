@@ -64,8 +64,9 @@ class Value:
     was not valid JSON (the value is then None, or the best partial string when truncated).
     ``confidence`` (``DecodeConfig.confidence``; None when not asked for): the probability the model
     gave this slot's tokens, every one it generated (a ``null`` answer's and the token that closed
-    the value included), each at temperature 1 among the tokens it could take (with span decoding,
-    those the span rule allowed). A product of probabilities, so long values score lower.
+    the value included), each under the model's distribution at temperature 1 over the whole
+    vocabulary (with span decoding, over the tokens the span rule allowed), whatever temperature
+    or top-p picked them. A product of probabilities, so long values score lower.
     """
 
     value: str | None

@@ -373,6 +373,7 @@ def _meta(prepare: PrepareConfig, extract: ExtractConfig, output: commit.OutputC
         "max_value_tokens": extract.decode.max_value_tokens,
         "spans_setting": extract.decode.spans,  # the report's "spans" says what ran
         "values_in_text": extract.values_in_text,
+        "confidence": extract.decode.confidence,  # the attribute files have a confidence column
     }
 
 

@@ -62,6 +62,9 @@ def test_scores_by_confidence_counted_by_hand(tmp_path: Path, gold_dir: Path, ca
     assert rows[0.9]["values"] == 4 and rows[0.9]["share"] == 50.0
     assert rows[0.9]["micro"] == {"precision": 100.0, "recall": 42.86, "f1": 60.0}
     assert rows[0.9]["strict"] == {"precision": 75.0, "recall": 42.86, "f1": 54.55}
+    # 0.95: Acme's 0.95, stored as the float32 0.949999988, is at least 0.95 as the column stores it
+    assert rows[0.95]["values"] == 4 and rows[0.95]["micro"] == rows[0.9]["micro"]
+    assert rows[0.99]["values"] == 2  # Red (0.99) and Green (no confidence)
     markdown = (out / "_evaluation.md").read_text(encoding="utf-8")
     assert "| 0.9 | 4 | 50.00% | 100.00 | 42.86 | 60.00 | 75.00 | 54.55 |" in markdown
 
@@ -76,3 +79,9 @@ def test_reading_and_dropping(tmp_path: Path, gold_dir: Path):
     at = kept(predictions.values, predictions.confidence, 0.9)
     assert at["tiny-test-00000"] == {"Brand": "Acme", "Color": None} and at["tiny-test-00004"]["Color"] == "Green"
     assert by_confidence(read_gold(str(gold_dir / "gold.jsonl")), predictions.values, {}) == []
+    nan = {"tiny-test-00000": {"Brand": float("nan")}}
+    assert kept(predictions.values, nan, 0.5)["tiny-test-00000"]["Brand"] is None  # not a number: not sure
+    assert kept(predictions.values, nan, 0.0)["tiny-test-00000"]["Brand"] == "Acme"  # 0: every value
+    gold = read_gold(str(gold_dir / "gold.jsonl"))
+    (only,) = by_confidence(gold, predictions.values, predictions.confidence, thresholds=(0.9,))
+    assert only.values == 4 and only.share == 50.0  # the share of all values, with no 0 asked for

@@ -79,9 +79,30 @@ def test_confidence_is_the_probability_of_the_slots_tokens(models, tokenizer):
     assert all(0 < c < 1 for c in seen) and len(set(seen)) == len(seen)  # real probabilities, each its own
 
 
+@pytest.mark.parametrize("step_shape", ["packed", "fixed"])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("spans", ["off", "on"])
+def test_refilled_rows_start_their_sums_again(models, tokenizer, step_shape, rows, spans):
+    """Continuous batching: with fewer rows than prompts each row decodes several prompts one after
+    another, and each prompt's confidences are its own (== the oracle's), not added to the last."""
+    from .test_session import category_requests
+
+    requests = category_requests(random.Random(8), 5)
+    config = DecodeConfig(max_value_tokens=6, max_batch_size=rows, step_shape=step_shape, spans=spans, confidence=True)
+    decoder = make_decoder("hpd", models["llama"], tokenizer, config)
+    fast = decoder.decode(requests)
+    assert decoder.runner.counts["prefill"] > rows  # rows were refilled
+    compared = 0
+    for a, b in comparable(make_decoder("reference", models["llama"], tokenizer, config), requests, fast):
+        assert without_confidence(a) == without_confidence(b)
+        assert confidences(a) == pytest.approx(confidences(b), rel=1e-4, abs=1e-7)
+        compared += 1
+    assert compared >= 3
+
+
 def test_confidences_differ_from_slot_to_slot(models, tokenizer):
-    """Not vacuous: the random model's slots get probabilities of their own, all in (0, 1], and
-    with span decoding a slot may not get less than it does among all tokens."""
+    """Not vacuous: the random model's slots get probabilities of their own, all in (0, 1], free
+    and with span decoding."""
     rng = random.Random(5)
     requests = [random_request(rng, 3, 3) for _ in range(3)]
     free = make_decoder("hpd", models["gemma3"], tokenizer, DecodeConfig(max_value_tokens=6, confidence=True))
@@ -123,11 +144,12 @@ def test_runner_log_probabilities_equal_the_full_log_softmax(models, tokenizer, 
         assert torch.equal(tokens, runner.next_tokens(hidden, config, make_generator(config, "cpu")))
         assert torch.allclose(logprob, full[torch.arange(24), tokens], atol=1e-5)
         rng = random.Random(4)
-        allowed = [sorted(rng.sample(range(runner.vocab_size), rng.randint(1, 40))) for _ in range(24)]
+        allowed = [sorted(rng.sample(range(runner.vocab_size), 1 if i % 4 == 0 else rng.randint(2, 40))) for i in range(24)]
         tokens, logprob = runner.allowed_tokens(hidden, allowed, config, make_generator(config, "cpu"), scores=True)
         assert torch.equal(tokens, runner.allowed_tokens(hidden, allowed, config, make_generator(config, "cpu")))
         for i, (token, among) in enumerate(zip(tokens.tolist(), allowed)):
             assert token in among
             expected = full[i, token] - full[i, among].logsumexp(0)
             assert float(logprob[i]) == pytest.approx(float(expected), abs=1e-5)
-    assert (logprob[[len(a) == 1 for a in allowed]] == 0).all()  # one allowed token: probability 1
+    assert (logprob[[len(a) == 1 for a in allowed]] == 0).all()  # one allowed token (6 queries): probability 1
+    assert (logprob[[len(a) > 1 for a in allowed]] < 0).all()
