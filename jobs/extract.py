@@ -140,7 +140,8 @@ def _summary(report: dict, output: str) -> str:
         f"{rejected} rejected{f' ({by_stage})' if by_stage else ''}, {report['rows_skipped']} skipped; "
         f"{report['wall_seconds']} s"
         + (f" over {report['attempts']} attempts" if report.get("attempts", 1) > 1 else ""),
-        f"attribute values: {output}/attributes/   (Parquet, one folder per category)" if report["products_out"] else
+        f"attribute values: {output}/attributes/   (Parquet, one folder per category"
+        f"{'; each value with its confidence' if report.get('confidence') else ''})" if report["products_out"] else
         "attribute values: none",
         f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
         f"report:           {output}/_report.md and {output}/_report.json",

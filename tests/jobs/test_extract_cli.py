@@ -230,6 +230,8 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
         extract._summary(failed, "out")
     assert "CUDA graph" not in extract._summary(base, "out")
     assert "warning: 2 CUDA graph capture(s) failed" in extract._summary(dict(base, cuda_graph_failures=2), "out")
+    assert "confidence" not in extract._summary(base, "out")
+    assert "one folder per category; each value with its confidence)" in extract._summary(dict(base, confidence=True), "out")
 
 
 def test_summary_warns_when_prompts_are_far_from_full():

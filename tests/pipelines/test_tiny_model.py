@@ -63,7 +63,9 @@ def test_a_value_the_text_check_drops_loses_its_confidence(ray_cluster, tmp_path
     argv[argv.index("--decoder") + 1] = "hpd"
     assert run_extract(argv) == 0
     rows = read_attributes(str(out)).select(["value", "confidence"]).to_pylist()
-    dropped = report(str(out))["values_not_in_text"]
+    done = report(str(out))
+    dropped = done["values_not_in_text"]
+    assert done["confidence"] is True  # the report says the files have the column
     assert dropped > 0 and sum(1 for r in rows if r["confidence"] is None) == dropped
     assert all(r["value"] is None for r in rows if r["confidence"] is None)
     assert any(r["confidence"] is not None for r in rows)
