@@ -4,7 +4,8 @@
 # e.g. --limit 8 or --decoder ar. Output: runs/quickstart/ without arguments; with arguments a folder
 # named after them (runs/quickstart-limit-8/), since different arguments are a different job and
 # `hpd extract` refuses to mix two jobs in one folder. HPD_QUICKSTART_OUT replaces runs/quickstart.
-# Running the same command again resumes an interrupted run, or does nothing if it finished.
+# Running the same command again resumes an interrupted run, or does nothing if it finished. It
+# ends with the values of two products (scripts/show_values.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${HPD_QUICKSTART_SETUP:-1}" = 1 ]; then  # 0: use the hpd already on PATH (the tests do)
@@ -19,3 +20,9 @@ for arg in "$@"; do
   esac
 done
 hpd extract --input samples/oa-mine-sample.jsonl --attributes samples/attributes.json --output "$out" "$@"
+if [ -d "$out/attributes" ]; then  # a first look at what was extracted
+  echo
+  py=$(dirname "$(command -v hpd)")/python  # the environment hpd runs in
+  [ -x "$py" ] || py=python
+  "$py" scripts/show_values.py "$out" --input samples/oa-mine-sample.jsonl --products 2
+fi

@@ -387,6 +387,9 @@ def test_quickstart_twice_with_and_without_limit(ray_cluster, tmp_path):
     for noise in ("core_worker.cc", "Total Progress", "logging_progress", "Execution plan", "MapWorker", "Traceback"):
         assert noise not in quiet, noise
     assert f"report:           {tmp_path / 'qs-decoder-dry-run'}/_report.md" in runs[1].stdout
+    # then a first look at the values (scripts/show_values.py): the dry run's are all null
+    assert f"2 of the 40 products in {tmp_path / 'qs-decoder-dry-run'}/attributes/:" in runs[1].stdout
+    assert "  Diesel Men's Exposure High-Top Sneaker  (Shoes, oa-mine-test-00000)\n    Brand: null" in runs[1].stdout
 
 
 def test_an_actor_that_keeps_dying_stops_the_job_after_its_restarts(ray_cluster, tmp_path):
