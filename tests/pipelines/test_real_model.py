@@ -1,5 +1,5 @@
 """The whole job on the real default model (slow): HPD and the no-cache oracle give identical values
-through the pipeline, and the baseline fills every slot."""
+and confidences through the pipeline, and the baseline fills every slot."""
 
 from __future__ import annotations
 
@@ -15,15 +15,20 @@ def _values(table) -> dict:
 
 @pytest.mark.slow
 def test_hpd_equals_reference_on_the_real_model(ray_cluster, tmp_path):
-    """float32, K_max = 8, J = 2 on the first 6 sample products: value for value identical."""
+    """float32, K_max = 8, J = 2 on the first 6 sample products: value for value identical, and the
+    confidences (HPD and the oracle, --confidence) equal to float32 rounding."""
     common = ["--limit", 6, "--docs-per-prompt", 2, "--max-value-tokens", 8, "--dtype", "float32"]
-    outputs = {}
+    outputs, confidence = {}, {}
     for decoder in ("hpd", "reference", "ar"):
         out = tmp_path / decoder
-        argv = extract_args(SAMPLE, out, *common)
+        argv = extract_args(SAMPLE, out, *common, *(["--confidence"] if decoder != "ar" else []))
         argv[argv.index("--decoder") + 1] = decoder
         assert run_extract(argv) == 0
-        outputs[decoder] = _values(read_attributes(str(out)))
+        table = read_attributes(str(out))
+        outputs[decoder] = _values(table)
+        if decoder != "ar":
+            rows = table.select(["product_id", "attribute", "confidence"]).to_pylist()
+            confidence[decoder] = {(r["product_id"], r["attribute"]): r["confidence"] for r in rows}
         assert report(str(out))["products_out"] == 6 and report(str(out))["dtype"] == "float32"
         assert report(str(out))["spans"] == "on"  # --spans auto on a CPU: span decoding, oracle included
         assert report(str(out))["compiled"] == "off"  # float32 keeps the eager pieces; the oracle has none
@@ -32,6 +37,9 @@ def test_hpd_equals_reference_on_the_real_model(ray_cluster, tmp_path):
         assert batches == (0, 0) if decoder == "reference" else batches[0] == 0 and batches[1] >= 1
     assert outputs["hpd"] == outputs["reference"]
     assert any(value is not None for value, _ in outputs["hpd"].values())
+    keys = sorted(confidence["hpd"])
+    assert keys == sorted(confidence["reference"]) and all(0 < confidence["hpd"][k] <= 1 for k in keys)
+    assert [confidence["hpd"][k] for k in keys] == pytest.approx([confidence["reference"][k] for k in keys], rel=1e-4)
     assert set(outputs["ar"]) == set(outputs["hpd"])  # the baseline answers the same slots
 
 
