@@ -115,7 +115,8 @@ class ReferenceDecoder(BatchedDecoder):
                     allowed = torch.tensor(spans[s].allowed(), device=row.device)
                     row = torch.full_like(row, float("-inf")).index_copy(0, allowed, row[allowed])
                 token = int(select(row, self.config, generator))
-                logprob[s] += float(torch.log_softmax(row, -1)[token])
+                if self.config.confidence:
+                    logprob[s] += float(torch.log_softmax(row, -1)[token])
                 if spans is not None:
                     spans[s].advance(token)
                 generated[s].append(token)
