@@ -176,7 +176,8 @@ def render_markdown(report: dict) -> str:
         + f"J = {report['docs_per_prompt']}  K_max = {report['max_value_tokens']}"
         + (f"  dtype: {report['dtype']}" if report.get("dtype") else "")
         + (f"  spans: {report['spans']}" if report.get("spans") else "")
-        + (f"  compiled layers: {report['compiled']}" if report.get("compiled") else ""),
+        + (f"  compiled layers: {report['compiled']}" if report.get("compiled") else "")
+        + ("  confidence: on" if report.get("confidence") else ""),
         "",
         "| rows in | products out | rejected | skipped | attribute rows |",
         "|---:|---:|---:|---:|---:|",

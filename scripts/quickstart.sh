@@ -20,9 +20,10 @@ for arg in "$@"; do
   esac
 done
 hpd extract --input samples/oa-mine-sample.jsonl --attributes samples/attributes.json --output "$out" "$@"
-if [ -d "$out/attributes" ]; then  # a first look at what was extracted
+if [ -d "$out/attributes" ]; then  # a first look at what was extracted; never the script's exit code
   echo
-  py=$(dirname "$(command -v hpd)")/python  # the environment hpd runs in
-  [ -x "$py" ] || py=python
-  "$py" scripts/show_values.py "$out" --input samples/oa-mine-sample.jsonl --products 2
+  py=$(dirname "$(readlink -f "$(command -v hpd)")")/python  # the environment hpd runs in
+  [ -x "$py" ] || py=python3
+  "$py" scripts/show_values.py "$out" --input samples/oa-mine-sample.jsonl --products 2 \
+    || echo "(the values could not be shown; they are in $out/attributes/)" >&2
 fi

@@ -3,41 +3,78 @@ attribute's value (and its confidence when the job wrote one). The quickstart en
 a first run shows what the job extracted without opening Parquet.
 
     python scripts/show_values.py OUTPUT --input RECORDS.jsonl [--products 3]
+
+It reads the output's files one at a time and stops once it has the products to show (a product's
+values are all in one file: one per category and chunk), and the input only up to their titles, so
+it is quick on a catalog's output too. The products are the first of the first files.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datafiles.dataset import read_records  # noqa: E402
-from datafiles.predictions import read_predictions  # noqa: E402
+from datafiles.predictions import attribute_files, read_columns  # noqa: E402
 
 
-def render(output: str, records: list[dict], products: int) -> str:
-    predictions = read_predictions(output)
-    shown = [r for r in records if r["product_id"] in predictions.values][:products]
-    lines = [f"{len(shown)} of the {len(predictions.values)} products in {output}/attributes/:"]
-    for record in shown:
-        pid = record["product_id"]
-        lines.append(f"  {record['title']}  ({record['category']}, {pid})")
-        for attribute, value in predictions.values[pid].items():
-            sure = predictions.confidence.get(pid, {}).get(attribute)
+def first_products(output: str, products: int) -> dict[str, list[tuple[str, object, float | None]]]:
+    """product_id -> [(attribute, value, confidence)] for the first ``products`` products."""
+    shown: dict[str, list[tuple[str, object, float | None]]] = {}
+    for fragment in attribute_files(output):
+        table = read_columns(fragment, optional=("confidence",))
+        sure = table.get("confidence", [None] * len(table["product_id"]))
+        for pid, attribute, value, confidence in zip(table["product_id"], table["attribute"], table["value"], sure):
+            if pid in shown or len(shown) < products:
+                shown.setdefault(pid, []).append((attribute, value, confidence))
+        if len(shown) >= products:
+            break
+    return shown
+
+
+def titles(records: str, wanted: set[str]) -> dict[str, tuple[str, str]]:
+    """product_id -> (title, category) for the wanted ids, reading the JSON Lines input up to them."""
+    found: dict[str, tuple[str, str]] = {}
+    with open(records, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the job rejected such lines; nothing of it is shown
+            if isinstance(row, dict) and row.get("product_id") in wanted:
+                found[row["product_id"]] = (str(row.get("title")), str(row.get("category")))
+                if len(found) == len(wanted):
+                    break
+    return found
+
+
+def render(output: str, records: str, products: int) -> str:
+    shown = first_products(output, products)
+    named = titles(records, set(shown))
+    lines = [f"{len(shown)} products of {output}/attributes/:"]
+    for pid, values in shown.items():
+        title, category = named.get(pid, (f"(not in {records})", "?"))
+        lines.append(f"  {title}  ({category}, {pid})")
+        for attribute, value, confidence in values:
             lines.append(f"    {attribute}: {'null' if value is None else value}"
-                         + ("" if sure is None else f"   (confidence {sure:.2f})"))  # fmt: skip
+                         + ("" if confidence is None else f"   (confidence {confidence:.2f})"))  # fmt: skip
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("output", help="the output directory of `hpd extract` (local)")
-    parser.add_argument("--input", required=True, help="the job's input records (JSON Lines), for the titles")
+    parser.add_argument("output", help="the output directory of `hpd extract` (local or s3://)")
+    parser.add_argument("--input", required=True, help="the job's input records, a local JSON Lines file, for the titles")
     parser.add_argument("--products", type=int, default=3, help="how many products (default: 3)")
     args = parser.parse_args(argv)
-    print(render(args.output, read_records(args.input), args.products))
+    try:
+        print(render(args.output, args.input, args.products))
+    except (ValueError, OSError) as err:
+        print(f"show_values: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

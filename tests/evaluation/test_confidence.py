@@ -12,7 +12,7 @@ import pytest
 from pyarrow import fs
 
 from datafiles.dataset import read_gold
-from datafiles.predictions import read_predictions
+from datafiles.predictions import read_columns, read_predictions
 from evaluation.confidence import by_confidence, kept
 from jobs.cli import main
 
@@ -85,3 +85,44 @@ def test_reading_and_dropping(tmp_path: Path, gold_dir: Path):
     gold = read_gold(str(gold_dir / "gold.jsonl"))
     (only,) = by_confidence(gold, predictions.values, predictions.confidence, thresholds=(0.9,))
     assert only.values == 4 and only.share == 50.0  # the share of all values, with no 0 asked for
+
+
+def test_show_values_prints_the_first_products_with_their_confidences(tmp_path: Path, gold_dir: Path, capsys):
+    """scripts/show_values.py (the quickstart's last lines): titles from the input, values and
+    confidences from the output, reading no more files than it needs; a clear line, exit 1, for a
+    folder without values."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("show_values", Path(__file__).resolve().parents[2] / "scripts" / "show_values.py")
+    show = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(show)
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    add_confidence(out)
+    records = gold_dir / "records.jsonl"
+    read = []
+
+    def counted(fragment, optional=()):
+        read.append(fragment)
+        return read_columns(fragment, optional)
+
+    show.read_columns = counted
+    assert show.main([str(out), "--input", str(records), "--products", "1"]) == 0
+    assert len(read) == 1  # one file of three held the product
+    text = capsys.readouterr().out
+    first = text.splitlines()[1]
+    assert text.startswith(f"1 products of {out}/attributes/:") and len(text.splitlines()) == 4  # a product, 2 values
+    shown = {"tiny-test-00000": "Acme Towel Navy", "tiny-test-00002": "Zed Runner Red", "tiny-test-00004": "Kiddo Shoe Green",
+             "tiny-test-00001": "Soft Bath Mat", "ghost-1": "(not in"}  # fmt: skip
+    assert any(first.startswith(f"  {title}") and pid in first for pid, title in shown.items()), first
+    if "tiny-test-00000" in first:
+        assert "    Brand: Acme   (confidence 0.95)" in text
+    assert show.main([str(out), "--input", str(records), "--products", "9"]) == 0
+    text = capsys.readouterr().out
+    assert "  Acme Towel Navy  (Home & Kitchen/Bath, tiny-test-00000)\n    Brand: Acme   (confidence 0.95)\n    Color: Navy   (confidence 0.60)" in text
+    assert "  Kiddo Shoe Green  (Shoes, tiny-test-00004)" in text and "    Color: Green\n" in text  # no confidence: none shown
+    assert "(not in " in text  # ghost-1: an output product the input does not hold
+    empty = tmp_path / "empty"
+    (empty / "attributes" / "category=x").mkdir(parents=True)
+    assert show.main([str(empty), "--input", str(records)]) == 1
+    assert "show_values: no Parquet files under" in capsys.readouterr().err

@@ -66,6 +66,15 @@ def test_the_report_names_the_dtype_the_models_ran_in():
     assert "dtype" not in render_markdown(build_report(META, dry, dry, [attempt], attempt))
 
 
+def test_the_report_says_when_values_carry_a_confidence():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    stats = Stats()
+    stats.add({"rows_in": 1, "products_out": 1})
+    assert "confidence" not in render_markdown(build_report(META, stats, stats, [attempt], attempt))
+    sure = build_report(dict(META, confidence=True), stats, stats, [attempt], attempt)
+    assert sure["confidence"] is True and "confidence: on" in render_markdown(sure)
+
+
 @pytest.mark.parametrize("field, shown", [("spans", "spans"), ("compiled", "compiled layers")])
 def test_the_report_names_what_ran_per_actor(field, shown):
     """Span decoding (--spans auto) and the compiled layers (--compile-layers auto), resolved per
