@@ -25,6 +25,13 @@ def sample_records() -> list[dict]:
     return [json.loads(line) for line in SAMPLE.read_text().splitlines()]
 
 
+def by_slot(table, *columns: str) -> dict:
+    """(product_id, attribute) -> the row's ``columns`` (one column: its value alone)."""
+    rows = table.select(["product_id", "attribute", *columns]).to_pylist()
+    pick = (lambda r: r[columns[0]]) if len(columns) == 1 else (lambda r: tuple(r[c] for c in columns))
+    return {(r["product_id"], r["attribute"]): pick(r) for r in rows}
+
+
 def extract_args(input_uri, output_uri, *extra, attributes=SAMPLE_ATTRIBUTES) -> list[str]:
     return ["--input", str(input_uri), "--attributes", str(attributes), "--output", str(output_uri),
             "--decoder", "dry-run", *map(str, extra)]

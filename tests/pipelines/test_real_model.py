@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import SAMPLE, extract_args, read_attributes, report, run_extract
-
-
-def _values(table) -> dict:
-    rows = table.select(["product_id", "attribute", "value", "truncated"]).to_pylist()
-    return {(r["product_id"], r["attribute"]): (r["value"], r["truncated"]) for r in rows}
+from .helpers import SAMPLE, by_slot, extract_args, read_attributes, report, run_extract
 
 
 @pytest.mark.slow
@@ -25,10 +20,9 @@ def test_hpd_equals_reference_on_the_real_model(ray_cluster, tmp_path):
         argv[argv.index("--decoder") + 1] = decoder
         assert run_extract(argv) == 0
         table = read_attributes(str(out))
-        outputs[decoder] = _values(table)
+        outputs[decoder] = by_slot(table, "value", "truncated")
         if decoder != "ar":
-            rows = table.select(["product_id", "attribute", "confidence"]).to_pylist()
-            confidence[decoder] = {(r["product_id"], r["attribute"]): r["confidence"] for r in rows}
+            confidence[decoder] = by_slot(table, "confidence")
         assert report(str(out))["products_out"] == 6 and report(str(out))["dtype"] == "float32"
         assert report(str(out))["spans"] == "on"  # --spans auto on a CPU: span decoding, oracle included
         assert report(str(out))["compiled"] == "off"  # float32 keeps the eager pieces; the oracle has none

@@ -7,21 +7,22 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import SAMPLE, extract_args, read_attributes, report, run_extract
+from .helpers import SAMPLE, by_slot, extract_args, read_attributes, report, run_extract
 
 
-def _values(table) -> dict:
-    rows = table.select(["product_id", "attribute", "value", "truncated"]).to_pylist()
-    return {(r["product_id"], r["attribute"]): (r["value"], r["truncated"]) for r in rows}
-
-
-def test_hpd_equals_reference_through_the_job_on_a_tiny_model(ray_cluster, tmp_path):
+def saved_tiny_model(tmp_path):
+    """A tiny random Llama and the tests' tokenizer, saved as a model directory for --model."""
     from tests.hpd_core.conftest import build_tokenizer, tiny_model
 
     model_dir = tmp_path / "tiny-llama"
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(model_dir)
     tiny_model("llama", len(tokenizer)).save_pretrained(model_dir)
+    return model_dir
+
+
+def test_hpd_equals_reference_through_the_job_on_a_tiny_model(ray_cluster, tmp_path):
+    model_dir = saved_tiny_model(tmp_path)
     common = ["--model", model_dir, "--limit", 6, "--docs-per-prompt", 2, "--max-value-tokens", 6, "--dtype", "float32",
               "--max-actors", 1]
     outputs, confidence = {}, {}
@@ -31,10 +32,9 @@ def test_hpd_equals_reference_through_the_job_on_a_tiny_model(ray_cluster, tmp_p
         argv[argv.index("--decoder") + 1] = decoder.removesuffix("-plain")
         assert run_extract(argv) == 0
         table = read_attributes(str(out))
-        outputs[decoder] = _values(table)
+        outputs[decoder] = by_slot(table, "value", "truncated")
         if flags:
-            rows = table.select(["product_id", "attribute", "confidence"]).to_pylist()
-            confidence[decoder] = {(r["product_id"], r["attribute"]): r["confidence"] for r in rows}
+            confidence[decoder] = by_slot(table, "confidence")
         else:
             assert "confidence" not in table.column_names  # only when asked for
         done = report(str(out))
@@ -51,12 +51,7 @@ def test_a_value_the_text_check_drops_loses_its_confidence(ray_cluster, tmp_path
     """Without span decoding the random model writes values found in no text of their product: the
     text check writes them as null, and their confidence with them (a null value's confidence is
     the model's for its own null answer, which it did not give)."""
-    from tests.hpd_core.conftest import build_tokenizer, tiny_model
-
-    model_dir = tmp_path / "tiny-llama"
-    tokenizer = build_tokenizer()
-    tokenizer.save_pretrained(model_dir)
-    tiny_model("llama", len(tokenizer)).save_pretrained(model_dir)
+    model_dir = saved_tiny_model(tmp_path)
     out = tmp_path / "out"
     argv = extract_args(SAMPLE, out, "--model", model_dir, "--limit", 6, "--docs-per-prompt", 2, "--max-value-tokens", 6,
                         "--dtype", "float32", "--max-actors", 1, "--spans", "off", "--confidence")  # fmt: skip
