@@ -54,12 +54,24 @@ class TrainReport:
         return self.seconds / self.steps if self.steps else None
 
 
-def prepare_model(model, config: TrainConfig):
-    """Wrap with LoRA (or unfreeze everything for full fine-tuning) and switch to train mode."""
+def prepare_model(model, config: TrainConfig, init_adapter: str | None = None):
+    """Wrap with LoRA (or unfreeze everything for full fine-tuning) and switch to train mode.
+
+    ``init_adapter``: a LoRA adapter directory to start from instead of a fresh LoRA (continue a
+    trained adapter, e.g. the shipped one, on other data); its rank and alpha must be the config's
+    (``check_init_adapter``), its target modules are kept, and ``config.lora_dropout`` applies.
+    """
     torch.manual_seed(config.seed)  # LoRA initialisation
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.full:
+    if init_adapter is not None:
+        from peft import PeftModel
+
+        lora = check_init_adapter(init_adapter, config)
+        lora.lora_dropout = config.lora_dropout
+        # autocast_adapter_dtype (peft's default) loads float16/bfloat16 weights as float32 to train
+        model = PeftModel.from_pretrained(model, init_adapter, is_trainable=True, config=lora)
+    elif config.full:
         frozen = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
         for p in model.parameters():
             p.requires_grad_(config.train_embeddings or id(p) not in frozen)
@@ -76,6 +88,26 @@ def prepare_model(model, config: TrainConfig):
         model = get_peft_model(model, lora)
     model.train()
     return model
+
+
+def check_init_adapter(path: str, config: TrainConfig):
+    """The LoRA config of an adapter to start from; a ValueError, naming what differs, unless it is
+    a plain LoRA adapter (no DoRA, no rsLoRA) of the config's rank and alpha, and the run is LoRA."""
+    from peft import LoraConfig, PeftConfig
+
+    if config.full:
+        raise ValueError("an adapter to start from is for LoRA runs: full fine-tuning starts from the model's weights")
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise ValueError(f"adapter to start from {path} is not a PEFT adapter directory (no adapter_config.json)")
+    lora = PeftConfig.from_pretrained(path)
+    if not isinstance(lora, LoraConfig) or lora.use_dora or lora.use_rslora:
+        raise ValueError(f"adapter to start from {path} is not a plain LoRA adapter ({lora.peft_type})")
+    if (lora.r, lora.lora_alpha) != (config.lora_rank, config.lora_alpha):
+        raise ValueError(
+            f"adapter to start from {path} has LoRA rank {lora.r} and alpha {lora.lora_alpha}, the run "
+            f"{config.lora_rank} and {config.lora_alpha}: set the run's to the adapter's"
+        )
+    return lora
 
 
 def token_losses(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_BASE_MODEL,
         help=f"base model: '{DEFAULT_BASE_MODEL}' (Gemma 3 270M base, default), 'smollm2-135m', hub id, local dir or .gguf",
     )
+    model.add_argument(
+        "--init-adapter",
+        metavar="ADAPTER",
+        help="start the LoRA from this adapter (a directory, or 'default' for the default model's shipped one) "
+             "instead of from zero: continue it on your own data; the run takes its rank and alpha",
+    )
     model.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     model.add_argument("--dtype", choices=DTYPES, default=ModelConfig().dtype, help="weights dtype (default %(default)s)")
     model.add_argument("--attention", choices=[a for a in ATTENTION if a != "flex_attention"], default="sdpa")
@@ -117,6 +123,35 @@ TRAIN_OPTIONS = (
     "max_grad_norm", "batch_size", "grad_accum", "epochs", "max_steps", "seed", "log_every",
     "gradient_checkpointing", "skeleton", "train_embeddings", "autocast", "checkpoint_minutes",
 )  # fmt: skip
+
+
+def init_adapter_dir(args: argparse.Namespace) -> str | None:
+    """The directory of ``--init-adapter``: an embedded name's shipped adapter (for a ``--model``
+    of the same base) or a directory as given."""
+    from hpd_core.models import EMBEDDED, bare_model_name, check_adapter_path
+
+    name = args.init_adapter
+    if name is None:
+        return None
+    embedded = EMBEDDED.get(name)
+    if embedded is None:
+        check_adapter_path(name)
+        return name
+    base = EMBEDDED.get(args.model)
+    if embedded.adapter is None or base is None or base.package != embedded.package:
+        shipped = ", ".join(f"{n} (--model {bare_model_name(n)})" for n, e in EMBEDDED.items() if e.adapter is not None)
+        raise ValueError(f"--init-adapter {name}: models that ship an adapter to start from: {shipped}")
+    return str(embedded.adapter)
+
+
+def adapter_shape(args: argparse.Namespace, adapter: str | None) -> dict:
+    """LoRA rank and alpha of a run that starts from ``adapter``: the adapter's, where the command
+    line leaves them unset (a value set that differs is refused by ``check_init_adapter``)."""
+    if adapter is None:
+        return {}
+    saved = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    shape = {"lora_rank": saved.get("r"), "lora_alpha": saved.get("lora_alpha")}
+    return {k: v for k, v in shape.items() if getattr(args, k) is None and v is not None}
 
 
 def train_options(args: argparse.Namespace) -> dict:
@@ -208,14 +243,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
-    options = train_options(args)
-    config = TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
     bare = bare_model_name(args.model)
     if bare is not None:
         raise ValueError(
             f"--model {args.model} already carries a shipped adapter; adapters are trained on the "
-            f"base model: use --model {bare}"
+            f"base model: use --model {bare} (with --init-adapter {args.model} to start from the shipped adapter)"
         )
+    init_adapter = init_adapter_dir(args)
+    options = {**adapter_shape(args, init_adapter), **train_options(args)}
+    config = TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
+    if init_adapter is not None:
+        finetune.check_init_adapter(init_adapter, config)  # before the data and the model load
     model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
     for flag, dtype in (("--dtype", args.dtype), ("--autocast", config.autocast)):
         if dtype is not None and (warning := emulated_dtype_warning(dtype, args.device)) is not None:
@@ -235,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.time()
     model, tokenizer = load_model(model_config)
-    model = finetune.prepare_model(model, config)
+    model = finetune.prepare_model(model, config, init_adapter)
     checkpoints = args.out / "checkpoint"
     if args.resume and not (checkpoints / "checkpoint.pt").is_file():
         raise ValueError(f"--resume: no checkpoint in {checkpoints}")

@@ -259,6 +259,51 @@ def test_saved_adapter_loads_and_changes_outputs(tokenizer, tmp_path):
     torch.testing.assert_close(loaded, trained, atol=1e-4, rtol=1e-4)
 
 
+def test_training_from_an_adapter_starts_where_it_ends(tokenizer, tmp_path):
+    """``init_adapter``: before any step the model is the adapter's (its saved, loaded outputs), its
+    LoRA weights train in float32 even when saved in float16, and training goes on from there."""
+    base_dir = tmp_path / "base"
+    tiny_model("qwen3", len(tokenizer)).save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    products, attrs = labeled_products(4)
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, lora_rank=4, lora_alpha=8,
+                         lr=2e-2, grad_accum=1, max_steps=3)
+    first = prepare_model(load_model(ModelConfig(name=str(base_dir)))[0], config)
+    train(first, tokenizer, products, [], attrs, config)
+    first.half()  # saved as float16, as the shipped adapters are
+    save(first, tokenizer, tmp_path / "first", full=False)
+    loaded, _ = load_model(ModelConfig(name=str(base_dir), adapter=str(tmp_path / "first")))
+
+    second = prepare_model(load_model(ModelConfig(name=str(base_dir)))[0], config, str(tmp_path / "first"))
+    lora = {n: p for n, p in second.named_parameters() if p.requires_grad}
+    assert lora and all("lora_" in n and p.dtype == torch.float32 for n, p in lora.items())
+    ids = torch.tensor([hpd_features(tokenizer, stack_examples(products, attrs, 2, random.Random(0))[0], K_MAX).input_ids])
+    second.eval()
+    with torch.no_grad():
+        started, adapter = (m(input_ids=ids).logits for m in (second, loaded))
+    torch.testing.assert_close(started, adapter, atol=1e-4, rtol=1e-4)
+    before = {n: p.detach().clone() for n, p in lora.items()}
+    report = train(second, tokenizer, products, [], attrs, dataclasses.replace(config, max_steps=2))
+    assert report.steps == 2 and any(not torch.equal(p, before[n]) for n, p in lora.items())
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (TrainConfig(lora_rank=8, lora_alpha=8), "has LoRA rank 4 and alpha 8, the run 8 and 8"),
+        (TrainConfig(lora_rank=4, lora_alpha=16), "has LoRA rank 4 and alpha 8, the run 4 and 16"),
+        (TrainConfig(full=True), "for LoRA runs"),
+    ],
+)
+def test_an_adapter_to_start_from_must_fit_the_run(tokenizer, tmp_path, config, message):
+    model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(lora_rank=4, lora_alpha=8))
+    save(model, tokenizer, tmp_path / "adapter", full=False)
+    with pytest.raises(ValueError, match=message):
+        prepare_model(tiny_model("llama", len(tokenizer)), config, str(tmp_path / "adapter"))
+    with pytest.raises(ValueError, match="no adapter_config.json"):
+        prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(lora_rank=4, lora_alpha=8), str(tmp_path))
+
+
 def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
     products, attrs = labeled_products(2)
     config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, full=True, lr=1e-3,

@@ -189,6 +189,34 @@ def test_cli_max_steps_and_bad_options(data_dir, model_dir, tmp_path, capsys):
     assert "use --model smollm2-135m" in capsys.readouterr().err
 
 
+def test_init_adapter_continues_where_the_adapter_ended(data_dir, model_dir, tmp_path, capsys):
+    """A run from an adapter begins at that adapter: its validation loss before training is the
+    first run's after training (same held-out products), and it takes the adapter's rank and alpha."""
+    base = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--max-value-tokens", "8",
+            "--val-fraction", "0.34", "--grad-accum", "1", "--lr", "1e-2"]  # fmt: skip
+    assert main(base + ["--out", str(tmp_path / "first"), "--max-steps", "3", "--lora-rank", "4", "--lora-alpha", "16"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    argv = base + ["--out", str(tmp_path / "second"), "--max-steps", "1", "--init-adapter", str(tmp_path / "first")]
+    assert main(argv) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["val_losses"][0] == pytest.approx(first["val_losses"][-1], rel=1e-5)
+    assert first["val_losses"][0] > first["val_losses"][-1] + 0.01  # the first run moved it
+    record = json.loads((tmp_path / "second" / CONFIG_FILE).read_text())
+    assert (record["train_config"]["lora_rank"], record["train_config"]["lora_alpha"]) == (4, 16)
+    assert record["args"]["init_adapter"] == str(tmp_path / "first")
+
+    assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(tmp_path / "first"), "--lora-rank", "8"]) == 2
+    assert "has LoRA rank 4 and alpha 16, the run 8 and 16" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(tmp_path / "first"), "--full"]) == 2
+    assert "for LoRA runs" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(tmp_path / "missing")]) == 2
+    assert "no adapter_config.json" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", "default"]) == 2  # not the default's base
+    assert "default (--model default-base)" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "third"), "--model", "default"]) == 2
+    assert "--init-adapter default to start from the shipped adapter" in capsys.readouterr().err
+
+
 def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     """A run in two sittings: the first stops after epoch 1 (its adapter kept with --save-epochs, the
     checkpoint kept, no final adapter), the same command with --resume finishes the schedule; a
