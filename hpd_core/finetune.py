@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, stack_examples
 from hpd_core import checkpoint, masks
 from hpd_core.config import TrainConfig  # the recipe (a config: hpd_core/config.py)
+from hpd_core.lora_merge import plain_lora
 from hpd_core.types import Attribute
 
 log = logging.getLogger(__name__)
@@ -58,19 +59,15 @@ def prepare_model(model, config: TrainConfig, init_adapter: str | None = None):
     """Wrap with LoRA (or unfreeze everything for full fine-tuning) and switch to train mode.
 
     ``init_adapter``: a LoRA adapter directory to start from instead of a fresh LoRA (continue a
-    trained adapter, e.g. the shipped one, on other data); its rank and alpha must be the config's
-    (``check_init_adapter``), its target modules are kept, and ``config.lora_dropout`` applies.
+    trained adapter, e.g. the shipped one, on other data): a plain LoRA adapter of the config's rank
+    and alpha (``check_init_adapter``), whose target modules are kept; ``config.lora_dropout``
+    applies.
     """
     torch.manual_seed(config.seed)  # LoRA initialisation
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if init_adapter is not None:
-        from peft import PeftModel
-
-        lora = check_init_adapter(init_adapter, config)
-        lora.lora_dropout = config.lora_dropout
-        # autocast_adapter_dtype (peft's default) loads float16/bfloat16 weights as float32 to train
-        model = PeftModel.from_pretrained(model, init_adapter, is_trainable=True, config=lora)
+        model = _load_init_adapter(model, init_adapter, config)
     elif config.full:
         frozen = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
         for p in model.parameters():
@@ -90,24 +87,60 @@ def prepare_model(model, config: TrainConfig, init_adapter: str | None = None):
     return model
 
 
-def check_init_adapter(path: str, config: TrainConfig):
-    """The LoRA config of an adapter to start from; a ValueError, naming what differs, unless it is
-    a plain LoRA adapter (no DoRA, no rsLoRA) of the config's rank and alpha, and the run is LoRA."""
-    from peft import LoraConfig, PeftConfig
-
-    if config.full:
-        raise ValueError("an adapter to start from is for LoRA runs: full fine-tuning starts from the model's weights")
+def adapter_shape(path: str | Path) -> dict[str, int]:
+    """``lora_rank`` and ``lora_alpha`` of an adapter to start from; a ValueError unless it is a
+    local plain LoRA adapter (LoRA factors only, as ``lora_merge.plain_lora`` defines it: no
+    biases, DoRA, rsLoRA, per-layer ranks or saved modules)."""
     if not (Path(path) / "adapter_config.json").is_file():
         raise ValueError(f"adapter to start from {path} is not a PEFT adapter directory (no adapter_config.json)")
-    lora = PeftConfig.from_pretrained(path)
-    if not isinstance(lora, LoraConfig) or lora.use_dora or lora.use_rslora:
-        raise ValueError(f"adapter to start from {path} is not a plain LoRA adapter ({lora.peft_type})")
-    if (lora.r, lora.lora_alpha) != (config.lora_rank, config.lora_alpha):
+    saved = plain_lora(path)
+    if saved is None:
         raise ValueError(
-            f"adapter to start from {path} has LoRA rank {lora.r} and alpha {lora.lora_alpha}, the run "
-            f"{config.lora_rank} and {config.lora_alpha}: set the run's to the adapter's"
+            f"adapter to start from {path} is not a plain LoRA adapter (LoRA factors only: no biases, DoRA, "
+            "rsLoRA, per-layer ranks or saved modules; hpd_core/lora_merge.py)"
         )
-    return lora
+    return {"lora_rank": saved["r"], "lora_alpha": saved["lora_alpha"]}
+
+
+def check_init_adapter(path: str | Path, config: TrainConfig) -> None:
+    """A ValueError, naming what differs, unless the run is LoRA and ``path`` is a plain LoRA
+    adapter (``adapter_shape``) of its rank and alpha."""
+    if config.full:
+        raise ValueError("an adapter to start from is for LoRA runs: full fine-tuning starts from the model's weights")
+    shape = adapter_shape(path)
+    if shape != {"lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha}:
+        raise ValueError(
+            f"adapter to start from {path} has LoRA rank {shape['lora_rank']} and alpha {shape['lora_alpha']}, "
+            f"the run {config.lora_rank} and {config.lora_alpha}: set the run's to the adapter's"
+        )
+
+
+def _load_init_adapter(model, path: str, config: TrainConfig):
+    """``model`` with a trainable LoRA of the adapter's config (checked; the run's dropout), its
+    weights float32 (peft's default ``autocast_adapter_dtype``) and set to the adapter's. An adapter
+    trained on another base is refused: a tensor of another shape, one no layer of the model takes,
+    or a LoRA layer of the model the adapter has no weights for."""
+    from peft import LoraConfig, get_peft_model
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    check_init_adapter(path, config)
+    lora = LoraConfig.from_pretrained(path)
+    lora.lora_dropout, lora.inference_mode = config.lora_dropout, False
+    model = get_peft_model(model, lora)
+    try:
+        loaded = set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")))
+    except RuntimeError as err:  # sizes that differ: name the first
+        first = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise ValueError(f"adapter to start from {path} does not fit the model (trained on another base?): {first}") from err
+    missing = [k for k in loaded.missing_keys if "lora_" in k]
+    if loaded.unexpected_keys or missing:
+        raise ValueError(
+            f"adapter to start from {path} does not fit the model (trained on another base?): "
+            f"{len(loaded.unexpected_keys)} of its tensors fit no layer of the model (e.g. "
+            f"{loaded.unexpected_keys[:1]}), {len(missing)} LoRA weights of the model are not in it (e.g. {missing[:1]})"
+        )
+    return model
 
 
 def token_losses(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -127,31 +127,23 @@ TRAIN_OPTIONS = (
 
 def init_adapter_dir(args: argparse.Namespace) -> str | None:
     """The directory of ``--init-adapter``: an embedded name's shipped adapter (for a ``--model``
-    of the same base) or a directory as given."""
-    from hpd_core.models import EMBEDDED, bare_model_name, check_adapter_path
+    of the same base) or a directory as given; never ``--out`` itself (the run writes there)."""
+    from hpd_core.models import EMBEDDED, bare_model_name, resolve_adapter
 
     name = args.init_adapter
     if name is None:
         return None
     embedded = EMBEDDED.get(name)
     if embedded is None:
-        check_adapter_path(name)
+        if Path(name).resolve() == args.out.resolve():
+            raise ValueError(f"--init-adapter {name} is --out: the run would overwrite the adapter it starts from")
         return name
     base = EMBEDDED.get(args.model)
     if embedded.adapter is None or base is None or base.package != embedded.package:
         shipped = ", ".join(f"{n} (--model {bare_model_name(n)})" for n, e in EMBEDDED.items() if e.adapter is not None)
-        raise ValueError(f"--init-adapter {name}: models that ship an adapter to start from: {shipped}")
-    return str(embedded.adapter)
-
-
-def adapter_shape(args: argparse.Namespace, adapter: str | None) -> dict:
-    """LoRA rank and alpha of a run that starts from ``adapter``: the adapter's, where the command
-    line leaves them unset (a value set that differs is refused by ``check_init_adapter``)."""
-    if adapter is None:
-        return {}
-    saved = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    shape = {"lora_rank": saved.get("r"), "lora_alpha": saved.get("lora_alpha")}
-    return {k: v for k, v in shape.items() if getattr(args, k) is None and v is not None}
+        raise ValueError(f"--init-adapter {name}: models that ship an adapter to start from: {shipped}; "
+                         "or pass an adapter's directory")
+    return resolve_adapter(ModelConfig(name=name))  # the shipped one, or why it is missing
 
 
 def train_options(args: argparse.Namespace) -> dict:
@@ -250,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
             f"base model: use --model {bare} (with --init-adapter {args.model} to start from the shipped adapter)"
         )
     init_adapter = init_adapter_dir(args)
-    options = {**adapter_shape(args, init_adapter), **train_options(args)}
+    shape = {} if init_adapter is None else finetune.adapter_shape(init_adapter)  # unless set on the command line
+    options = {**shape, **train_options(args)}
     config = TrainConfig(max_value_tokens=args.max_value_tokens, **options, **docs_options(args))
     if init_adapter is not None:
         finetune.check_init_adapter(init_adapter, config)  # before the data and the model load
@@ -312,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
         "train_config": asdict(config),
         "learning_rate": config.learning_rate,
         "model": asdict(model_config),
+        "init_adapter": init_adapter,  # --init-adapter resolved: the directory the LoRA started from
         "targets": "teacher" if args.teacher else "gold",
         "sources": {k: str(v) for k, v in asdict(sources).items()},
         "data": {**data.stats, "train_products": len(train_products), "val_products": len(val_products)},

@@ -8,22 +8,26 @@ cached engine produces while teacher-forcing the same gold tokens: same attentio
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import random
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from hpd_core.autoregressive import AutoregressiveDecoder
 from hpd_core.collate import (IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, until_complete,
                                value_tokens)
 from hpd_core.config import DecodeConfig, ModelConfig, TrainConfig
 from hpd_core.engine import HPDDecoder
-from hpd_core.finetune import collate_for, mean_loss, prepare_model, remaining, save, token_losses, train
+from hpd_core.finetune import (adapter_shape, check_init_adapter, collate_for, mean_loss, prepare_model, remaining, save,
+                               token_losses, train)
 from hpd_core.layout import build_layout, encode
-from hpd_core.models import load_model
+from hpd_core.models import ADAPTERS, load_model
 from hpd_core.prompts import answer_prefix, parse_value, render_answer, render_value, value_suffix
 from hpd_core.stopping import DONE, START, advance
 from hpd_core.types import Product, Value
@@ -300,8 +304,34 @@ def test_an_adapter_to_start_from_must_fit_the_run(tokenizer, tmp_path, config, 
     save(model, tokenizer, tmp_path / "adapter", full=False)
     with pytest.raises(ValueError, match=message):
         prepare_model(tiny_model("llama", len(tokenizer)), config, str(tmp_path / "adapter"))
+
+
+def test_an_adapter_to_start_from_must_be_plain_lora_of_this_model(tokenizer, tmp_path):
+    fits = TrainConfig(lora_rank=4, lora_alpha=8)
+    save(prepare_model(tiny_model("llama", len(tokenizer)), fits), tokenizer, tmp_path / "llama", full=False)
     with pytest.raises(ValueError, match="no adapter_config.json"):
-        prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(lora_rank=4, lora_alpha=8), str(tmp_path))
+        prepare_model(tiny_model("llama", len(tokenizer)), fits, str(tmp_path))
+    dora = tmp_path / "dora"
+    shutil.copytree(tmp_path / "llama", dora)
+    saved = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**saved, "use_dora": True}))
+    with pytest.raises(ValueError, match="not a plain LoRA adapter"):
+        prepare_model(tiny_model("llama", len(tokenizer)), fits, str(dora))
+    # another base: layers of other sizes; other projections (phi3's fused ones)
+    for other, message in ((tiny_model("llama", len(tokenizer), intermediate_size=48), "size mismatch"),
+                           (tiny_model("phi3", len(tokenizer)), "20 of its tensors fit no layer")):
+        with pytest.raises(ValueError, match=f"does not fit the model .*{message}"):
+            prepare_model(other, fits, str(tmp_path / "llama"))
+    partial = tmp_path / "partial"  # a layer it targets without weights for it (peft would start it from zero)
+    shutil.copytree(tmp_path / "llama", partial)
+    tensors = load_file(partial / "adapter_model.safetensors")
+    save_file({k: v for k, v in tensors.items() if ".layers.1.self_attn.q_proj." not in k}, partial / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="does not fit the model .*2 LoRA weights of the model are not in it"):
+        prepare_model(tiny_model("llama", len(tokenizer)), fits, str(partial))
+    # the shipped adapters are what users start from: both pass, with the recipe's rank and alpha
+    for shipped in sorted(ADAPTERS.glob("*/adapter_config.json")):
+        assert adapter_shape(shipped.parent) == {"lora_rank": 64, "lora_alpha": 128}
+        check_init_adapter(shipped.parent, TrainConfig())
 
 
 def test_full_finetune_saves_a_loadable_model(tokenizer, tmp_path):
@@ -347,14 +377,14 @@ def test_train_config_defaults_are_the_shipped_adapters_recipe():
     assert TrainConfig().learning_rate == record["learning_rate"] == record["train_config"]["lr"]
 
 
-def _resume_run(tokenizer, tmp_path, config, stop_after, device="cpu"):
+def _resume_run(tokenizer, tmp_path, config, stop_after, device="cpu", init_adapter=None):
     """Train a fresh tiny model; with ``stop_after``, stop there and resume in a new process-like
     setting (a new model object, optimizer and data order rebuilt from the checkpoint)."""
     products, attributes = labeled_products(24)
     val = products[:4]
 
     def fresh():
-        return prepare_model(tiny_model("llama", len(tokenizer), seed=1).to(device), config)
+        return prepare_model(tiny_model("llama", len(tokenizer), seed=1).to(device), config, init_adapter)
 
     model = fresh()
     report = train(model, tokenizer, products, val, attributes, config, tmp_path, stop_after_steps=stop_after)
@@ -377,6 +407,25 @@ def test_resume_equals_uninterrupted_run(tokenizer, tmp_path, where):
     assert resumed_report.steps == whole_report.steps
     assert resumed_report.train_losses == whole_report.train_losses
     assert resumed_report.val_losses == whole_report.val_losses
+    a, b = dict(whole.named_parameters()), dict(resumed.named_parameters())
+    trained = [n for n, p in a.items() if p.requires_grad]
+    assert trained and all(torch.equal(a[n], b[n]) for n in trained)
+
+
+def test_resume_from_an_adapter_equals_uninterrupted_run(tokenizer, tmp_path):
+    """A run started from an adapter, interrupted: the checkpoint, not the adapter, is what resumes."""
+    config = TrainConfig(docs_per_prompt=1, max_docs_per_prompt=3, max_value_tokens=K_MAX, epochs=1, grad_accum=2,
+                         lora_rank=4, lr=1e-3, log_every=100)
+    start = prepare_model(tiny_model("llama", len(tokenizer), seed=1), config)
+    products, attributes = labeled_products(4, seed=1)
+    train(start, tokenizer, products, [], attributes, dataclasses.replace(config, lr=2e-2, max_steps=2))
+    save(start, tokenizer, tmp_path / "start", full=False)
+    whole, whole_report = _resume_run(tokenizer, tmp_path / "a", config, None, init_adapter=str(tmp_path / "start"))
+    resumed, resumed_report = _resume_run(tokenizer, tmp_path / "b", config, 2, init_adapter=str(tmp_path / "start"))
+    fresh, fresh_report = _resume_run(tokenizer, tmp_path / "c", config, None)
+    assert resumed_report.train_losses == whole_report.train_losses
+    assert resumed_report.val_losses == whole_report.val_losses
+    assert whole_report.val_losses[0] != fresh_report.val_losses[0]  # it did start from the adapter
     a, b = dict(whole.named_parameters()), dict(resumed.named_parameters())
     trained = [n for n, p in a.items() if p.requires_grad]
     assert trained and all(torch.equal(a[n], b[n]) for n in trained)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpd_core.lora_merge import plain_lora
 from jobs.cli import main
 from jobs.finetune import CONFIG_FILE, EPOCH_FILE, docs_options, split
 from training import data as gold
@@ -203,7 +204,11 @@ def test_init_adapter_continues_where_the_adapter_ended(data_dir, model_dir, tmp
     assert first["val_losses"][0] > first["val_losses"][-1] + 0.01  # the first run moved it
     record = json.loads((tmp_path / "second" / CONFIG_FILE).read_text())
     assert (record["train_config"]["lora_rank"], record["train_config"]["lora_alpha"]) == (4, 16)
-    assert record["args"]["init_adapter"] == str(tmp_path / "first")
+    assert record["args"]["init_adapter"] == record["init_adapter"] == str(tmp_path / "first")
+    assert plain_lora(tmp_path / "second") is not None  # so extraction merges it without peft, as any adapter
+
+    assert main(base + ["--out", str(tmp_path / "first"), "--init-adapter", str(tmp_path / "first")]) == 2
+    assert "would overwrite the adapter it starts from" in capsys.readouterr().err
 
     assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(tmp_path / "first"), "--lora-rank", "8"]) == 2
     assert "has LoRA rank 4 and alpha 16, the run 8 and 16" in capsys.readouterr().err
