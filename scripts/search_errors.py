@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import torch
 
+from datafiles.dataset import GOLD_FILE, read_gold
 from evaluation.metrics import classify, gold_values
 from hpd_core.collate import Example, hpd_features, value_tokens
 from hpd_core.config import ModelConfig
@@ -55,8 +56,7 @@ def main() -> None:
     args = parser.parse_args()
 
     data = load_gold(resolve_sources(args.gold_dir))
-    with open(args.gold_dir / "gold.jsonl") as f:
-        gold = {g["product_id"]: {k: gold_values(v) for k, v in g["target_scores"].items()} for g in map(json.loads, f)}
+    gold = {g.product_id: {k: gold_values(v) for k, v in g.target_scores.items()} for g in read_gold(str(args.gold_dir / GOLD_FILE))}
     table = ds.dataset(args.run / "attributes", format="parquet").to_table(columns=["product_id", "attribute", "value"])
     predicted = {(r["product_id"], r["attribute"]): r["value"] for r in table.to_pylist()}
     model, tokenizer = load_model(ModelConfig(name=args.model, adapter=args.adapter, dtype="float32"))
