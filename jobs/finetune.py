@@ -256,6 +256,14 @@ def run(args: argparse.Namespace) -> int:
     data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
     train_products, val_products = split(data.products, args.val_fraction, config.seed)
     logging.info("data: %s", json.dumps(data.stats))
+    if data.stats.get("targets_not_in_text"):
+        logging.warning(
+            "%d of the %d target values are not in their product's text (e.g. %s): `hpd extract` writes "
+            "such a value as null, so the model is taught values it may not give; write each value as the "
+            "product's title, description or features write it (or add that spelling as another acceptable value)",
+            data.stats["targets_not_in_text"], data.stats["slots"] - data.stats["null_targets"],
+            data.stats["target_not_in_text_example"],
+        )
     attributes, schema = data.attributes, None
     if args.examples is not None:
         attributes = examples.describe(train_products, data.attributes, args.examples)

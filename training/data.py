@@ -4,8 +4,10 @@ Two sources of target values, always joined to a records file by ``product_id``:
 
 - gold (``hpd convert extractgpt`` output): ``gold.jsonl`` rows ``{product_id, category,
   target_scores: {attribute: {value: 1, ...}}}``. The target of an attribute is the first key of
-  ``target_scores[attribute]`` (stripped); ``"n/a"`` and attributes absent from ``target_scores``
-  (OA-Mine leaves them out) are null.
+  ``target_scores[attribute]`` (stripped), or the first that occurs in the product's text where
+  the first does not; ``"n/a"`` and attributes absent from ``target_scores`` (OA-Mine leaves them
+  out) are null. Targets that are not in their product's text are counted (extraction writes
+  such a value as null).
 - a teacher (distillation): the output directory of another ``hpd extract`` run, whose
   ``attributes/category=<escaped>/`` holds Parquet rows ``{product_id, attribute, value, truncated,
   ...}`` (categories come from the records). Products the teacher did not answer are skipped; so are products with any
@@ -27,7 +29,8 @@ from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE, read_gol
 from datafiles.predictions import attribute_files, read_columns
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
-from hpd_core.types import Attribute
+from hpd_core.types import Attribute, Product
+from pipelines.extract_stage import in_text
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
 
 NULL_GOLD = "n/a"
@@ -93,13 +96,31 @@ def accepted_records(path: Path, schema) -> tuple[list[Accepted], dict]:
     return accepted, {"records": len(records), "rejected": dict(rejected)}
 
 
-def gold_value(target_scores: dict, attribute: str) -> str | None:
-    """First key of ``target_scores[attribute]`` (stripped); None for "n/a" or an absent attribute."""
+def gold_value(target_scores: dict, attribute: str, product: Product | None = None) -> str | None:
+    """First key of ``target_scores[attribute]`` (stripped); None for "n/a" or an absent attribute.
+    With ``product``, the first acceptable value that occurs in the product's text, where the first
+    does not and another does (extraction writes only values of the text)."""
     values = target_scores.get(attribute)
     if not values:
         return None
-    first = next(iter(values)).strip()
-    return None if first == NULL_GOLD or not first else first
+    keys = [key.strip() for key in values]
+    first = keys[0]
+    if first == NULL_GOLD or not first:
+        return None
+    if product is not None and not in_text(first, product):
+        return next((key for key in keys[1:] if key and key != NULL_GOLD and in_text(key, product)), first)
+    return first
+
+
+def count_not_in_text(products: list[Labeled], stats: dict) -> None:
+    """Count the target values that are not in their product's text into ``stats`` (only when
+    there are any, so the data of earlier runs reads the same), with the first as an example:
+    extraction writes such a value as null, and span decoding cannot write it."""
+    missing = [(p, value) for p in products for value in p.values if value is not None and not in_text(value, p.product)]
+    if missing:
+        product, value = missing[0]
+        stats["targets_not_in_text"] = len(missing)
+        stats["target_not_in_text_example"] = f"{value!r} for {product.product.product_id}"
 
 
 def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
@@ -108,6 +129,7 @@ def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
     stats["products"] = len(products)
     stats["slots"] = sum(len(p.values) for p in products)
     stats["null_targets"] = sum(v is None for p in products for v in p.values)
+    count_not_in_text(products, stats)
     return TrainingData(products, dict(schema.categories), stats)
 
 
@@ -125,7 +147,7 @@ def load_gold(sources: Sources) -> TrainingData:
             stats["no_targets"] = stats.get("no_targets", 0) + 1
             continue
         names = [a.name for a in schema.attributes(item.category)]
-        values = tuple(gold_value(example.target_scores, name) for name in names)
+        values = tuple(gold_value(example.target_scores, name, item.product) for name in names)
         products.append(Labeled(item.category, item.product, values))
     return _finish(products, schema, stats)
 

@@ -105,6 +105,25 @@ def test_real_oa_mine_test_file(tmp_path: Path):
         assert (out / name).read_bytes() == (again / name).read_bytes()
 
 
+def test_shipped_sample_is_the_converted_test_set(tmp_path: Path):
+    """samples/: the quickstart's records and gold are what `hpd convert` writes for those products
+    of OA-Mine test, line for line, and its schema covers their gold, so `hpd evaluate --gold samples/oa-mine-sample-gold.jsonl`
+    scores the quickstart as the test set's gold would."""
+    samples = Path(__file__).resolve().parents[2] / "samples"
+    out = tmp_path / "oa"
+    assert main(["convert", "extractgpt", str(OA_MINE_TEST), "--out", str(out)]) == 0
+    records = {r["product_id"]: r for r in _read_jsonl(out / "records.jsonl")}
+    gold = {g["product_id"]: g for g in _read_jsonl(out / "gold.jsonl")}
+    sample = _read_jsonl(samples / "oa-mine-sample.jsonl")
+    sample_gold = _read_jsonl(samples / "oa-mine-sample-gold.jsonl")
+    assert len(sample) == 40
+    assert [g["product_id"] for g in sample_gold] == [r["product_id"] for r in sample]
+    assert sample == [records[r["product_id"]] for r in sample]
+    assert sample_gold == [gold[r["product_id"]] for r in sample]
+    schema = json.loads((samples / "attributes.json").read_text())  # OA-Mine train's attributes
+    assert all(set(g["target_scores"]) <= set(schema[g["category"]]) for g in sample_gold)
+
+
 def test_per_category_subset_keeps_ids_and_schema(tmp_path: Path, capsys):
     source = tmp_path / "mini" / "test.jsonl"
     source.parent.mkdir()

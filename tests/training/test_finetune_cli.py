@@ -62,6 +62,32 @@ def test_gold_targets_first_key_and_nulls(data_dir):
     assert data.stats["products"] == 6
 
 
+def test_gold_targets_prefer_a_spelling_of_the_text_and_count_the_rest(data_dir, tmp_path, caplog):
+    """Extraction writes only values of the product's text: a target is the first acceptable value
+    the text holds (else the first), and targets outside the text are counted and warned about."""
+    assert "targets_not_in_text" not in gold.load_gold(gold.resolve_sources(data_dir)).stats  # all in text
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    write_jsonl(folder / "records.jsonl", [
+        {"product_id": "a", "category": "Shoes", "title": "Acme Men's runner, Red"},
+        {"product_id": "b", "category": "Shoes", "title": "Zed trail shoe"},
+    ])
+    write_jsonl(folder / "gold.jsonl", [
+        {"product_id": "a", "category": "Shoes", "target_scores": {"Brand": {"ACME": 1, "Acme": 1}, "Color": {"red": 1}}},
+        {"product_id": "b", "category": "Shoes", "target_scores": {"Brand": {"Zed": 1}, "Size": {"n/a": 1, "10": 1}}},
+    ])
+    (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
+    data = gold.load_gold(gold.resolve_sources(folder))
+    by_id = {p.product.product_id: p for p in data.products}
+    assert by_id["a"].values == ("Acme", "red", None)  # "ACME" is not in the text, "Acme" is; no "red" there
+    assert by_id["b"].values == ("Zed", None, None)  # "n/a" first: null
+    assert data.stats["targets_not_in_text"] == 1
+    assert data.stats["target_not_in_text_example"] == "'red' for a"
+    caplog.set_level("WARNING")
+    assert main(["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "nothing")]) != 0
+    assert "1 of the 3 target values are not in their product's text (e.g. 'red' for a)" in caplog.text
+
+
 def test_teacher_targets_from_extract_output(data_dir, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
