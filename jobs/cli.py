@@ -52,7 +52,7 @@ def _run(command: str, module, args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:  # bad paths, bad input, bad settings: say what, not where
         if os.environ.get("HPD_TRACEBACK"):
             raise
-        print(f"hpd {command}: error: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        print(f"hpd {command}: error: {err}", file=sys.stderr)  # (HPD_TRACEBACK=1 raises it instead)
         return 2
     except CommandFailed as err:  # it started and failed: one message, not a traceback
         if os.environ.get("HPD_TRACEBACK"):

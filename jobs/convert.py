@@ -15,7 +15,8 @@ from evaluation.convert import FORMATS, ConvertConfig, convert, default_names
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("format", choices=FORMATS, help="input format")
-    parser.add_argument("file", type=Path, help="input file, e.g. data/oa-mine/test.jsonl")
+    parser.add_argument("file", type=Path, help="ExtractGPT JSON Lines: {input, category, target_scores} per line, "
+                        "e.g. ExtractGPT's data/processed_datasets/oa-mine/test.jsonl")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--dataset", help="dataset name in product ids (default: parent folder name)")
     parser.add_argument("--split", help="split name in product ids (default: file stem)")

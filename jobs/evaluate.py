@@ -32,8 +32,9 @@ from evaluation.scoring import evaluate, evaluate_extractgpt_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--predictions", metavar="URI", help="output directory of `hpd extract` (local or s3://), containing attributes/")
-    parser.add_argument("--gold", metavar="FILE", help="gold.jsonl written by `hpd convert`")
+    parser.add_argument("--predictions", metavar="URI", help="output directory of `hpd extract` (local or s3://), containing attributes/ (required unless --extractgpt-run)")
+    parser.add_argument("--gold", metavar="FILE", help="gold.jsonl: {product_id, category, target_scores: {attribute: {value: 1}}} per line, "
+                        "as `hpd convert` writes it (required unless --extractgpt-run)")
     parser.add_argument("--attributes", metavar="FILE", help="attribute schema (attributes.json); widens the strict variant")
     parser.add_argument("--extractgpt-run", metavar="FILE.gz", help="recompute a stored ExtractGPT run instead")
     parser.add_argument("--records", metavar="FILE",

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="delete the job already in --output (its values, rejected rows and report) and start over; "
                         "without it a different job there is refused and the same job resumes")
     parser.add_argument("--model", help=f"'{DEFAULT_MODEL}' (Gemma 3 270M base + the shipped HPD adapter), 'default-base' "
-                        "(without it), another embedded model, a local directory or .gguf, s3://bucket/prefix/, or a hub id "
+                        "(without it; also 'gemma3-270m'), 'smollm2-135m-hpd' (SmolLM2-135M + its HPD adapter), "
+                        "'smollm2-135m', a local directory or .gguf, s3://bucket/prefix/, or a hub id "
                         f"already in the local Hugging Face cache (default: {DEFAULT_MODEL})")
     parser.add_argument("--adapter", help="LoRA adapter directory (local or s3://); replaces the shipped one of 'default' (default: none)")
     parser.add_argument("--decoder", choices=DECODER_CHOICES, default="hpd",
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-chunks", type=int, metavar="G",
                         help="rows are grouped by category over windows of G chunks before they are cut into chunks, "
                         "so that prompts (one category of one chunk each) fill where the input mixes categories "
-                        f"(default: {ReadConfig.group_chunks}; 1: chunks of consecutive rows, as before 2026-11-29)")
+                        f"(default: {ReadConfig.group_chunks}; 1: chunks of consecutive rows)")
     parser.add_argument("--max-actors", type=int, help="cap on extract actors (default: one per GPU, or what the CPUs allow); "
                         "with --device gpu, the GPUs to ask an autoscaling cluster for (default 1)")
     parser.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE,
@@ -114,7 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run-fail", action="append", metavar="[MODE:]PRODUCT_ID",
                         help=f"dry-run decoder only, repeatable: prompts holding this product fail; MODE {'|'.join(FAILURE_MODES)} "
                         "(default raise: every time; flaky: the first time; error: reported by the engine; "
-                        "crash: the actor's process exits, as when it is killed for memory)")
+                        "crash: the actor's process exits, as when it is killed for memory; broken: every call "
+                        "fails from the first that holds it, as a broken decoder would)")
 
 
 FILL_WARNING_PROMPTS = 100  # fewer prompts: a small job, whose categories may hold fewer than J products each
@@ -146,6 +148,10 @@ def _summary(report: dict, output: str) -> str:
         f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
         f"report:           {output}/_report.md and {output}/_report.json",
     ]
+    if rejected and rejected == report["rows_in"]:  # a schema whose categories match none, a wrong field name, ...
+        lines.append(f"warning: every row was rejected; the reasons, most frequent first: hpd rejected {output}")
+    elif set(report["rejected_by_stage"]) - {"extract"}:
+        lines.append(f"why they were rejected, by stage and reason: hpd rejected {output}")
     if report["rejected_by_stage"].get("extract"):  # the decoder failed on them: worth another run
         lines.append(f"the {report['rejected_by_stage']['extract']} rejected at extract, to run again: "
                      f"hpd rejected {output} --stage extract --out FILE.jsonl")

@@ -60,9 +60,12 @@ def resolve_sources(train: Path, attributes: Path | None = None, gold: Path | No
     else:
         records, folder = train, train.parent
     sources = Sources(records, attributes or folder / ATTRIBUTES_FILE, gold or folder / GOLD_FILE)
-    for what, path in (("records", sources.records), ("attribute schema", sources.attributes)):
-        if not path.is_file():
-            raise ValueError(f"{what} file {path} not found: pass an `hpd convert` directory or the file itself")
+    if not sources.records.is_file():
+        raise ValueError(f"records file {sources.records} not found: --train takes a folder holding {RECORDS_FILE} "
+                         f"(with {ATTRIBUTES_FILE} and {GOLD_FILE}, as `hpd convert` writes them) or a records file")
+    if not sources.attributes.is_file():
+        raise ValueError(f"attribute schema {sources.attributes} not found: pass --attributes FILE, or put "
+                         f"{ATTRIBUTES_FILE} beside the records")
     return sources
 
 

@@ -40,6 +40,14 @@ def test_help(argv, capsys):
     assert capsys.readouterr().out.startswith(f"usage: hpd {' '.join(argv[:-1])}".rstrip())
 
 
+def test_extract_help_names_every_embedded_model():
+    from hpd_core.models import EMBEDDED
+
+    parser, _ = cli.build_parser()
+    extract = next(a for a in parser._subparsers._group_actions[0].choices["extract"]._actions if "--model" in a.option_strings)
+    assert all(f"'{name}'" in extract.help for name in EMBEDDED)
+
+
 def test_no_command_prints_help(capsys):
     assert cli.main([]) == 2
     assert "COMMAND" in capsys.readouterr().out

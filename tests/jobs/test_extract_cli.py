@@ -72,7 +72,7 @@ def test_missing_input_fails_within_seconds_and_writes_nothing(tmp_path):
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 10
     assert done.returncode == 2 and not output.exists()
     assert done.stderr.strip().splitlines() == [
-        f"hpd extract: error: --input {tmp_path / 'nope.jsonl'} does not exist (HPD_TRACEBACK=1 shows the traceback)"]
+        f"hpd extract: error: --input {tmp_path / 'nope.jsonl'} does not exist"]
 
 
 def test_missing_s3_input_fails_before_ray_and_writes_nothing(s3_server, no_ray, capsys):
@@ -224,7 +224,13 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     assert "rejected rows:    none" in extract._summary(base, "out")
     some = dict(base, products_out=2, rows_rejected=1, rejected_by_stage={"validate": 1})
     assert "1 rejected (validate 1)" in extract._summary(some, "out") and "out/rejected/" in extract._summary(some, "out")
-    assert "hpd rejected" not in extract._summary(some, "out")  # bad input: another run rejects it again
+    assert "--stage extract" not in extract._summary(some, "out")  # bad input: another run rejects it again
+    assert "why they were rejected, by stage and reason: hpd rejected out" in extract._summary(some, "out")
+    assert "hpd rejected" not in extract._summary(base, "out")
+    none_out = dict(some, products_out=0, rows_in=1)
+    assert "warning: every row was rejected; the reasons, most frequent first: hpd rejected out" in \
+        extract._summary(none_out, "out")
+    assert "every row" not in extract._summary(dict(none_out, rows_in=2, rows_skipped=1), "out")  # one skipped
     failed = dict(base, products_out=1, rows_rejected=2, rejected_by_stage={"extract": 2})
     assert "the 2 rejected at extract, to run again: hpd rejected out --stage extract --out FILE.jsonl" in \
         extract._summary(failed, "out")
