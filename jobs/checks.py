@@ -37,6 +37,7 @@ class Preflight:
     complete: bool  # the same job is already finished (its report exists): nothing to do
     arguments: dict  # the job's arguments and what its model and adapter are (``model_files``), for _job.json
     run_id: str  # the job's run id (the output's own where it was started under a former one)
+    ignored: tuple[str, ...] = ()  # data files of the input not read for their names (_ or . first)
 
 
 def hub_cache() -> Path:
@@ -147,7 +148,8 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
 
 def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     """Run every check; write nothing. ``args.overwrite`` allows replacing an earlier job."""
-    shards = tuple(reader.plan_shards(config.prepare.read))  # the input exists and holds data files
+    planned, ignored = reader.plan_input(config.prepare.read)  # the input exists and holds data files
+    shards = tuple(planned)
     arguments = config.arguments
     if config.extract.decoder != DRY_RUN:
         check_model(config.extract.model_uri, config.extract.adapter_uri)
@@ -178,4 +180,5 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     if same and not args.overwrite and io.exists(io.join(output, "_report.json")):
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
-    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id)
+    return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
+                     tuple(ignored))

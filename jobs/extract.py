@@ -252,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
     plan = preflight(config, args)  # every check; nothing written yet
+    if plan.ignored:
+        print(f"hpd extract: warning: {len(plan.ignored)} file(s) of --input are not read, as their names (or a folder's) "
+              f"begin with _ or . (Spark's and Hadoop's markers): {plan.ignored[0]}"
+              f"{', ...' if len(plan.ignored) > 1 else ''}; rename them to read them", file=sys.stderr)
     if plan.run_id != config.output.run_id:
         config = config.as_run(plan.run_id)
     if config.address is None and config.extract.decoder != DRY_RUN:  # actors on this machine

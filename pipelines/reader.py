@@ -22,6 +22,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -99,41 +100,68 @@ def _hidden(root: str, path: str) -> bool:
     return any(part.startswith(("_", ".")) for part in relative.split("/"))
 
 
-def list_input_files(uri: str) -> list[tuple[str, int]]:
-    """(uri, size) of every data file of the input, sorted by path."""
+class InputFile(NamedTuple):
+    uri: str
+    size: int
+    modified: int  # modification time, ns since the epoch (an S3 object's LastModified); 0 where unknown
+
+
+def list_input(uri: str) -> tuple[list[InputFile], list[str]]:
+    """Every data file of the input, sorted by path, and the files passed over as not data
+    (``_hidden``), so that a caller can say so."""
     fs, root = filesystem(uri)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.File:
-        return [(to_uri(fs, root), info.size)]
+        return [InputFile(to_uri(fs, root), info.size, _modified(info))], []
     if info.type != pafs.FileType.Directory:
         raise ValueError(f"--input {uri} does not exist")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File and not _hidden(root, i.path))
+    infos = [i for i in fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.type == pafs.FileType.File]
+    files = sorted(InputFile(i.path, i.size, _modified(i)) for i in infos if not _hidden(root, i.path))
+    ignored = sorted(to_uri(fs, i.path) for i in infos if _hidden(root, i.path))
     if not files:
-        raise ValueError(f"--input {uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz)")
-    return [(to_uri(fs, path), size) for path, size in files]
+        raise ValueError(f"--input {uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz)"
+                         + (f"; files under names that begin with _ or . are not read, e.g. {ignored[0]}" if ignored else ""))
+    return [f._replace(uri=to_uri(fs, f.uri)) for f in files], ignored
 
 
-def _shard_id(uri: str, size: int, start: int, end: int) -> str:
-    return hashlib.sha256(f"{uri}|{size}|{start}|{end}".encode()).hexdigest()[:16]
+def list_input_files(uri: str) -> list[InputFile]:
+    """(uri, size, modified) of every data file of the input, sorted by path."""
+    return list_input(uri)[0]
+
+
+def _modified(info: pafs.FileInfo) -> int:
+    return int(info.mtime_ns or 0)
+
+
+def _shard_id(file: InputFile, start: int, end: int) -> str:
+    """A shard's identity: its file's path, size and modification time, and its byte range, so that
+    a file changed in place (even to the same size) is another input."""
+    return hashlib.sha256(f"{file.uri}|{file.size}|{file.modified}|{start}|{end}".encode()).hexdigest()[:16]
 
 
 def plan_shards(config: ReadConfig) -> list[Shard]:
     """The input's shards in file order; with ``limit`` only those holding the first rows."""
-    files = list_input_files(config.uri)
-    if all(_kind(uri) == "unsupported" for uri, _ in files):  # a mistake, not rows to reject one by one
-        names = ", ".join(uri.rsplit("/", 1)[-1] for uri, _ in files[:3]) + (", ..." if len(files) > 3 else "")
+    return plan_input(config)[0]
+
+
+def plan_input(config: ReadConfig) -> tuple[list[Shard], list[str]]:
+    """``plan_shards``, and the files of the input that look like data (by their suffix) and are
+    passed over for their names (``_hidden``): say so, nothing else will."""
+    files, ignored = list_input(config.uri)
+    ignored = [uri for uri in ignored if _kind(uri) != "unsupported"]  # not _SUCCESS, .crc, ...
+    if all(_kind(f.uri) == "unsupported" for f in files):  # a mistake, not rows to reject one by one
+        names = ", ".join(f.uri.rsplit("/", 1)[-1] for f in files[:3]) + (", ..." if len(files) > 3 else "")
         raise ValueError(f"--input {config.uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz; "
                          f"found {names})")
     shards = []
-    for uri, size in files:
-        kind = _kind(uri)
-        step = config.shard_bytes if kind == "jsonl" else max(size, 1)
-        for start in range(0, max(size, 1), step):
-            end = min(start + step, size)
-            shards.append(Shard(_shard_id(uri, size, start, end), uri, kind, start, end))
+    for file in files:
+        kind = _kind(file.uri)
+        step = config.shard_bytes if kind == "jsonl" else max(file.size, 1)
+        for start in range(0, max(file.size, 1), step):
+            end = min(start + step, file.size)
+            shards.append(Shard(_shard_id(file, start, end), file.uri, kind, start, end))
     if config.limit is None:
-        return shards
+        return shards, ignored
     limited, remaining = [], config.limit
     for shard in shards:
         if remaining == 0:
@@ -142,7 +170,7 @@ def plan_shards(config: ReadConfig) -> list[Shard]:
         if take:
             limited.append(replace(shard, max_rows=take))
         remaining -= take
-    return limited
+    return limited, ignored
 
 
 @dataclass(frozen=True)

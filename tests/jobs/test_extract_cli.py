@@ -61,6 +61,20 @@ def error_lines(capsys) -> list[str]:
 # ------------------------------------------------------------------ checks before Ray starts
 
 
+def test_data_files_under_hidden_names_are_named_in_a_warning(tmp_path, no_ray, capsys):
+    """Files under a name that begins with _ or . are not read (_SUCCESS, .crc); one that looks like
+    data is named, since its rows would otherwise be in no count."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.jsonl").write_text("\n")  # no rows: a finished job without Ray
+    (source / "_SUCCESS").write_text("")
+    (source / "_2024_export.jsonl").write_text(json.dumps({"product_id": "p", "category": "Shoes", "title": "t"}) + "\n")
+    assert run_extract(extract_args(source, tmp_path / "out")) == 0
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warning.startswith("hpd extract: warning: 1 file(s) of --input are not read, as their names")
+    assert "_2024_export.jsonl; rename them to read them" in warning and "_SUCCESS" not in warning
+
+
 def test_missing_input_fails_within_seconds_and_writes_nothing(tmp_path):
     output = tmp_path / "out"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

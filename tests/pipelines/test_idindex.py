@@ -4,6 +4,7 @@ tasks cut small; a resumed run reuses it and keeps every owner; stale or foreign
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 
@@ -241,3 +242,17 @@ def test_an_input_changed_since_the_index_is_refused(dup_job, tmp_path, capsys):
         out.write(json.dumps({"product_id": "new", "category": "Tea", "title": "new"}) + "\n")
     assert run_extract(dup_job["argv"]) == 2
     assert "changed since this run started" in capsys.readouterr().err
+
+
+def test_an_input_changed_in_place_to_the_same_size_is_refused_even_when_finished(dup_job, tmp_path, capsys):
+    """A file is known by its path, size and modification time: an edit that keeps the size (one id
+    for another) is another input, not a finished job to report again."""
+    path = tmp_path / "in" / "a.jsonl"
+    text = path.read_text()
+    path.write_text(text.replace('"a3"', '"z3"'))  # another id, the same length
+    assert path.read_text() != text and len(path.read_text()) == len(text)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a coarse clock may not tick
+    capsys.readouterr()
+    assert run_extract(dup_job["argv"]) == 2
+    assert "changed since this run started (its files, their sizes or their modification times differ)" in \
+        capsys.readouterr().err

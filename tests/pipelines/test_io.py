@@ -228,6 +228,21 @@ def test_an_input_of_unsupported_files_only_is_a_clear_error(tmp_path):
         plan_shards(ReadConfig(str(tmp_path)))
 
 
+def test_files_under_hidden_names_are_not_read_and_the_data_looking_ones_are_named(tmp_path):
+    for name in ("a.jsonl", "_SUCCESS", ".a.jsonl.crc", "_2024_export.jsonl", ".hidden.jsonl", "_archive/old.parquet"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text('{"product_id": "1"}\n')
+    shards, ignored = reader.plan_input(ReadConfig(str(tmp_path)))
+    assert [s.uri.rsplit("/", 1)[-1] for s in shards] == ["a.jsonl"]
+    assert [u.rsplit("/", 2)[-2:] for u in ignored] == [
+        [tmp_path.name, ".hidden.jsonl"], [tmp_path.name, "_2024_export.jsonl"], ["_archive", "old.parquet"]]
+    only_hidden = tmp_path / "only"
+    only_hidden.mkdir()
+    (only_hidden / "_part.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match=r"no data files .*; files under names that begin with _ or \. are not read"):
+        plan_shards(ReadConfig(str(only_hidden)))
+
+
 def test_missing_input_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         plan_shards(ReadConfig(str(tmp_path / "nope")))
@@ -242,8 +257,11 @@ def test_s3_listing_reading_and_atomic_writes(s3_server):
     client.put_object(Bucket=bucket, Key="in/a.jsonl", Body=b'{"product_id": "1"}\n{"product_id": "2"}\n')
     client.put_object(Bucket=bucket, Key="in/sub/b.jsonl", Body=b'{"product_id": "3"}\n')
     client.put_object(Bucket=bucket, Key="in/_SUCCESS", Body=b"")
+    client.put_object(Bucket=bucket, Key="in/_old/c.jsonl", Body=b'{"product_id": "4"}\n')
     files = reader.list_input_files(f"s3://{bucket}/in")
-    assert files == [(f"s3://{bucket}/in/a.jsonl", 40), (f"s3://{bucket}/in/sub/b.jsonl", 20)]
+    assert [(f.uri, f.size) for f in files] == [(f"s3://{bucket}/in/a.jsonl", 40), (f"s3://{bucket}/in/sub/b.jsonl", 20)]
+    assert all(f.modified > 0 for f in files)  # S3's LastModified: part of a shard's identity
+    assert reader.plan_input(ReadConfig(f"s3://{bucket}/in"))[1] == [f"s3://{bucket}/in/_old/c.jsonl"]  # not _SUCCESS
     assert [r.value["product_id"] for r in rows_of(ReadConfig(f"s3://{bucket}/in/", shard_bytes=25))] == ["1", "2", "3"]
 
     target = f"s3://{bucket}/out/x/data.json"
