@@ -71,6 +71,10 @@ def read_extractgpt(source: Path, dataset: str, split: str) -> Converted:
         if "target_scores" not in row:
             raise ValueError(f"{where}: missing 'target_scores'")
         target_scores = validate_target_scores(row["target_scores"], where)
+        try:  # a lone surrogate (a "\ud800" escape) reads as JSON but cannot be written as UTF-8
+            json.dumps([row["input"], row["category"], target_scores], ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{where}: not valid Unicode ({err.reason}: {err.object[err.start:err.end]!r})") from err
         product_id = f"{dataset}-{split}-{number - 1:05d}"
         category = row["category"]
         records.append({"product_id": product_id, "category": category, "title": row["input"]})

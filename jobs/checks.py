@@ -157,6 +157,8 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     output = config.output.uri
     if output.startswith("s3://") and not io.exists("s3://" + output[len("s3://"):].split("/", 1)[0]):
         raise ValueError(f"--output {output}: the bucket does not exist (or these credentials cannot see it)")
+    if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"--output {output} is a file: give a folder (new or empty, or this job's)")
     existing, has_files = commit.existing_job(output)
     if has_files and existing is None:
         raise ValueError(f"--output {output} holds files that are not an hpd extract output; give a new or empty folder")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, replace
 
@@ -72,7 +73,14 @@ def _normalise(uri: str) -> str:
 
 
 def _nested(inner: str, outer: str) -> bool:
+    inner, outer = _real(inner), _real(outer)
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def _real(uri: str) -> str:
+    """A local path with its symbolic links resolved (for the nesting checks only: a run's identity
+    keeps the path as given)."""
+    return uri if "://" in uri else os.path.realpath(uri)
 
 
 SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs", "cudnn_attention", "compile_layers")  # DecodeConfig fields left out of a run's identity

@@ -84,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
               f"{args.predictions} and count as misses (a job on part of the input? --predicted-only scores the "
               f"{len(gold) - unpredicted} predicted ones)", file=sys.stderr)
     result = evaluate(predictions, gold, attributes)
+    if mismatch := result.products["category_mismatch"]:
+        example = next(ex for ex in gold if predictions.categories.get(ex.product_id, ex.category) not in (None, ex.category))
+        print(f"hpd evaluate: warning: {mismatch} product(s) have another category in the predictions than in the gold "
+              f"(e.g. {example.product_id!r}: {predictions.categories[example.product_id]!r} predicted, {example.category!r} "
+              "in the gold); they are scored against the gold's attributes: were records and gold converted together?",
+              file=sys.stderr)
     extra = {"predictions": args.predictions, "gold": args.gold, "attributes": args.attributes}
     leak = _leakage(args, predictions)
     if leak is not None:

@@ -148,6 +148,9 @@ def _summary(report: dict, output: str) -> str:
         f"rejected rows:    {output}/rejected/   (Parquet: record, reason, stage)" if rejected else "rejected rows:    none",
         f"report:           {output}/_report.md and {output}/_report.json",
     ]
+    if report.get("inputs_truncated"):
+        lines.append(f"{report['inputs_truncated']} product(s) had their text cut to --max-text-chars (--oversize "
+                     "truncate): every value of theirs is flagged truncated")
     if rejected and rejected == report["rows_in"]:  # a schema whose categories match none, a wrong field name, ...
         lines.append(f"warning: every row was rejected; the reasons, most frequent first: hpd rejected {output}")
     elif set(report["rejected_by_stage"]) - {"extract"}:

@@ -335,7 +335,8 @@ def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, huge ints, deep nesting
-        return RawRecord(row, None, text, f"malformed JSON line: {str(err)[:200] or type(err).__name__}")
+        return RawRecord(row, None, text, "malformed JSON line (JSON Lines: one object per line): "
+                         f"{str(err)[:200] or type(err).__name__}")
     return RawRecord(row, value, text)
 
 

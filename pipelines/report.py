@@ -179,10 +179,10 @@ def render_markdown(report: dict) -> str:
         + (f"  compiled layers: {report['compiled']}" if report.get("compiled") else "")
         + ("  confidence: on" if report.get("confidence") else ""),
         "",
-        "| rows in | products out | rejected | skipped | attribute rows |",
-        "|---:|---:|---:|---:|---:|",
+        "| rows in | products out | rejected | skipped | attribute rows | texts cut to --max-text-chars |",
+        "|---:|---:|---:|---:|---:|---:|",
         f"| {report['rows_in']} | {report['products_out']} | {report['rows_rejected']} "
-        f"| {report['rows_skipped']} | {report['attribute_rows']} |",
+        f"| {report['rows_skipped']} | {report['attribute_rows']} | {report.get('inputs_truncated', 0)} |",
         "",
         "Rejected by stage: "
         + (", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items()) or "none"),

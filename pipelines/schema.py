@@ -69,8 +69,12 @@ class AttributeSchema:
             if not attributes:
                 raise ValueError(f"category {category!r} has no attributes")
             names = [a.name for a in attributes]
+            for attribute in attributes:
+                _check_unicode(attribute.name, f"category {category!r}: attribute name")
+                _check_unicode(attribute.description or "", f"category {category!r}: the description of {attribute.name!r},")
             if len(set(names)) != len(names):
-                raise ValueError(f"category {category!r}: duplicate attribute names {names}")
+                twice = sorted({n for n in names if names.count(n) > 1})
+                raise ValueError(f"category {category!r}: attribute names given more than once: {twice}")
 
     def attributes(self, category: str) -> tuple[Attribute, ...]:
         return self.categories[category]
@@ -114,21 +118,42 @@ def load_schema(path: str) -> AttributeSchema:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"attribute schema {path!r} does not exist or is not a file")
-    return schema_from_text(file.read_text(encoding="utf-8"), path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"attribute schema {path!r} is not UTF-8 text: {err}") from err
+    return schema_from_text(text, path)
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    """A JSON object's members, refused where a key comes twice (JSON itself would keep the last)."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"a key given more than once: {twice}")
+    return dict(pairs)
 
 
 def schema_from_text(text: str, source: str) -> AttributeSchema:
     """Parse a schema file's text; ``source`` (its path or URI) picks JSON (``.json``) or YAML."""
     if source.lower().endswith(".json"):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+        except ValueError as err:  # json.JSONDecodeError too
             raise ValueError(f"attribute schema {source!r} is not valid JSON: {err}") from err
     else:
         import yaml
 
+        class UniqueKeyLoader(yaml.SafeLoader):  # PyYAML keeps the last of a key given twice
+            def construct_mapping(self, node, deep=False):
+                keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+                twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+                if twice:
+                    raise yaml.constructor.ConstructorError(None, None, f"a key given more than once: {twice}", node.start_mark)
+                return super().construct_mapping(node, deep=deep)
+
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as err:
             raise ValueError(f"attribute schema {source!r} is not valid YAML: {err}") from err
     return parse_schema(data, source=source)
@@ -213,7 +238,8 @@ def record_id(value: object) -> str | None:
 def validate_record(record: object, schema: AttributeSchema, config: ValidationConfig) -> Accepted | Rejected:
     """Check one parsed input record against the schema and limits."""
     if not isinstance(record, dict):
-        return Rejected(f"record must be a JSON object, got {type(record).__name__}")
+        hint = " (JSON Lines: one object per line, not an array)" if isinstance(record, list) else ""
+        return Rejected(f"record must be a JSON object, got {type(record).__name__}{hint}")
     fields = {}
     for key in ("product_id", "category", "title"):
         value = _string_field(record, key, required=True)

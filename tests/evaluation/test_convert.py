@@ -67,6 +67,8 @@ def test_dataset_and_split_overrides(tmp_path: Path):
         ('{"input": "x", "category": "Shoes"}', "line 2: missing 'target_scores'"),
         ('{"input": "x", "category": "Shoes", "target_scores": {"Brand": "Acme"}}', r"line 2: target_scores\['Brand'\]"),
         ('{"input": "x", "category": "Shoes", "target_scores": {"Brand": {}}}', r"line 2: target_scores\['Brand'\]"),
+        ('{"input": "bad \\ud800", "category": "Shoes", "target_scores": {"Brand": {"n/a": 1}}}',
+         r"line 2: not valid Unicode \(surrogates not allowed: '\\ud800'\)"),
     ],
 )
 def test_malformed_lines_name_the_line(tmp_path: Path, line: str, message: str):

@@ -121,6 +121,23 @@ def test_evaluate_local_end_to_end(tmp_path: Path, gold_dir: Path, capsys):
     assert "| Shoes | Color | 0 | 0 | 0 | 1 | 0 | 100.00 | 100.00 | 100.00 | 1 | 1 | 50.00 | 66.67 |" in markdown
 
 
+def test_a_product_predicted_under_another_category_is_said(tmp_path: Path, gold_dir: Path, capsys):
+    """Records and gold from different conversions can share ids: the category tells them apart."""
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    assert main(["evaluate", "--predictions", str(out), "--gold", str(gold_dir / "gold.jsonl"), "--no-write"]) == 0
+    assert "another category" not in capsys.readouterr().err
+    gold = [json.loads(line) for line in (gold_dir / "gold.jsonl").read_text().splitlines()]
+    gold[2]["category"] = BATH  # predicted as Shoes
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text("".join(json.dumps(g) + "\n" for g in gold))
+    assert main(["evaluate", "--predictions", str(out), "--gold", str(moved), "--no-write"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["products"]["category_mismatch"] == 1
+    assert (f"hpd evaluate: warning: 1 product(s) have another category in the predictions than in the gold "
+            f"(e.g. 'tiny-test-00002': 'Shoes' predicted, {BATH!r} in the gold)") in captured.err
+
+
 def test_gold_products_without_predictions_are_said_and_can_be_left_out(tmp_path: Path, gold_dir: Path, capsys):
     """Scoring a job on part of the input (the quickstart's 40 of 491 products) against the whole
     gold counts every other product as misses: said on stderr; --predicted-only scores the rest."""

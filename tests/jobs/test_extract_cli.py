@@ -206,6 +206,9 @@ def test_a_folder_that_is_not_an_hpd_output_is_refused_and_left_alone(tmp_path, 
         assert run_extract(extract_args(SAMPLE, output, *extra)) == 2
         assert "holds files that are not an hpd extract output" in capsys.readouterr().err
     assert [p.name for p in output.iterdir()] == ["notes.txt"]
+    assert run_extract(extract_args(SAMPLE, output / "notes.txt")) == 2
+    assert f"--output {output / 'notes.txt'} is a file: give a folder" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "keep me"
 
 
 def test_help_shows_every_default():
@@ -248,6 +251,8 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     failed = dict(base, products_out=1, rows_rejected=2, rejected_by_stage={"extract": 2})
     assert "the 2 rejected at extract, to run again: hpd rejected out --stage extract --out FILE.jsonl" in \
         extract._summary(failed, "out")
+    assert "cut to --max-text-chars" not in extract._summary(base, "out")
+    assert "2 product(s) had their text cut to --max-text-chars" in extract._summary(dict(base, inputs_truncated=2), "out")
     assert "CUDA graph" not in extract._summary(base, "out")
     assert "warning: 2 CUDA graph capture(s) failed" in extract._summary(dict(base, cuda_graph_failures=2), "out")
     assert "confidence" not in extract._summary(base, "out")

@@ -351,3 +351,17 @@ def test_gpus_are_asked_for_before_the_index_and_withdrawn_when_it_fails(ray_clu
                                 report=config.report, resources=config.resources, skip_existing=None,
                                 arguments=config.arguments)
     assert calls == [("request", [{"GPU": 1, "CPU": 1.0}]), ("index", None), ("request", [])]
+
+
+def test_an_output_inside_the_input_through_a_symbolic_link_is_refused(tmp_path):
+    """A later job on the input would read the output's own Parquet files as records."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.jsonl").write_text('{"product_id": "p", "category": "Shoes", "title": "t"}\n')
+    (tmp_path / "link").symlink_to(source)
+    args = parse("--output", tmp_path / "link" / "out")
+    args.input = str(source)
+    with pytest.raises(ValueError, match="must not contain one another"):
+        from_args(args)
+    args.output = str(tmp_path / "elsewhere")
+    assert from_args(args).output.uri.endswith("elsewhere")  # a path beside it is fine

@@ -53,8 +53,8 @@ def s3_job(ray_cluster, s3_server, tmp_path_factory):
         ({"product_id": "boat", "category": "Boats", "title": "x"}, "unknown category"),
         ({"product_id": "num", "category": "Tea", "title": 123}, "title must be a string"),
         ({"product_id": "feat", "category": "Tea", "title": "x", "features": "no"}, "features must be a list"),
-        ('{"product_id": "broken", "category": ', "malformed JSON line"),
-        ("[1, 2, 3]", "record must be a JSON object"),
+        ('{"product_id": "broken", "category": ', "malformed JSON line (JSON Lines: one object per line): "),
+        ("[1, 2, 3]", "record must be a JSON object, got list (JSON Lines: one object per line, not an array)"),
     ]
     part0 = jsonl(good[:25] + [r for r, _ in bad_json] + good[25:])
     parquet_rows = [

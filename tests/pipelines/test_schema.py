@@ -35,7 +35,9 @@ def test_load_json_and_yaml(tmp_path):
         ({}, "empty"),
         ([], "mapping"),
         ({"Shoes": []}, "no attributes"),
-        ({"Shoes": ["Brand", "Brand"]}, "duplicate"),
+        ({"Shoes": ["Brand", "Color", "Brand"]}, r"attribute names given more than once: \['Brand'\]"),
+        ({"Shoes": ["Brand\ud800"]}, "attribute name 'Brand.ud800' is not valid Unicode"),
+        ({"Shoes": {"Brand": "the \ud800 maker"}}, "the description of 'Brand', 'the .ud800 maker' is not valid Unicode"),
         ({"Shoes": [""]}, "non-empty"),
         ({"Shoes": "Brand"}, "list or a mapping"),
         ({"": ["Brand"]}, "non-empty"),
@@ -53,6 +55,21 @@ def test_missing_or_invalid_schema_file(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_schema(str(tmp_path / "bad.json"))
+    (tmp_path / "latin1.json").write_bytes(b'\xff\xfe{"Caf\xe9": ["Brand"]}')
+    with pytest.raises(ValueError, match=r"attribute schema '.*latin1.json' is not UTF-8 text"):
+        load_schema(str(tmp_path / "latin1.json"))
+
+
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
+    """JSON and YAML parsers keep the last of a key given twice: a category's attributes would be lost."""
+    (tmp_path / "twice.json").write_text('{"Shoes": ["Brand"], "Tea": ["Flavor"], "Shoes": ["Color"]}')
+    with pytest.raises(ValueError, match=r"twice.json' is not valid JSON: a key given more than once: \['Shoes'\]"):
+        load_schema(str(tmp_path / "twice.json"))
+    (tmp_path / "twice.yaml").write_text("Shoes:\n  Brand: maker\n  Brand: again\n")
+    with pytest.raises(ValueError, match=r"twice.yaml' is not valid YAML.*a key given more than once: \['Brand'\]"):
+        load_schema(str(tmp_path / "twice.yaml"))
+    (tmp_path / "fine.yaml").write_text("Shoes: [Brand, Color]\nTea:\n  Flavor: null\n")
+    assert [a.name for a in load_schema(str(tmp_path / "fine.yaml")).attributes("Tea")] == ["Flavor"]
 
 
 def good(**changes):
