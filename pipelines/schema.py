@@ -226,10 +226,20 @@ def _fit(title: str, description: str | None, features: tuple[str, ...], budget:
     return title, description or None, tuple(kept)
 
 
+def _integer_id(record: dict) -> dict:
+    """A record whose product_id is an integer (a Parquet int64 column, a number in JSON) with it as
+    its decimal string: catalogs number their products, and ids are strings everywhere after this."""
+    product_id = record.get("product_id")
+    if isinstance(product_id, int) and not isinstance(product_id, bool):
+        return {**record, "product_id": str(product_id)}
+    return record
+
+
 def record_id(value: object) -> str | None:
-    """The record's product_id if it is a usable string (non-blank, valid Unicode), even when the
-    record fails validation otherwise: rejected rows keep it, and --skip-existing matches on it."""
-    product_id = value.get("product_id") if isinstance(value, dict) else None
+    """The record's product_id if it is a usable string (non-blank, valid Unicode; an integer as its
+    decimal string), even when the record fails validation otherwise: rejected rows keep it, and
+    --skip-existing matches on it."""
+    product_id = _integer_id(value).get("product_id") if isinstance(value, dict) else None
     if not isinstance(product_id, str) or not product_id.strip() or not _is_valid_text(product_id):
         return None
     return product_id
@@ -240,6 +250,7 @@ def validate_record(record: object, schema: AttributeSchema, config: ValidationC
     if not isinstance(record, dict):
         hint = " (JSON Lines: one object per line, not an array)" if isinstance(record, list) else ""
         return Rejected(f"record must be a JSON object, got {type(record).__name__}{hint}")
+    record = _integer_id(record)
     fields = {}
     for key in ("product_id", "category", "title"):
         value = _string_field(record, key, required=True)

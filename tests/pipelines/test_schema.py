@@ -85,7 +85,8 @@ def good(**changes):
         (good(product_id=None), "missing product_id"),
         (good(product_id=""), "empty product_id"),
         (good(product_id="  "), "empty product_id"),
-        (good(product_id=7), "product_id must be a string"),
+        (good(product_id=7.0), "product_id must be a string, got float"),
+        (good(product_id=True), "product_id must be a string, got bool"),
         (good(category=None), "missing category"),
         (good(category="Boats"), "unknown category"),
         (good(category=["Shoes"]), "category must be a string"),
@@ -102,6 +103,17 @@ def test_rejections(record, reason):
     verdict = validate_record(record, SCHEMA, ValidationConfig())
     assert isinstance(verdict, Rejected)
     assert reason in verdict.reason
+
+
+def test_an_integer_product_id_is_its_decimal_string():
+    """Catalogs number their products (a Parquet int64 column): the id is read as its decimal string,
+    here and where duplicates and --skip-existing match ids."""
+    from pipelines.schema import record_id
+
+    accepted = validate_record(good(product_id=1042), SCHEMA, ValidationConfig())
+    assert accepted.product.product_id == "1042"
+    assert record_id(good(product_id=1042)) == "1042" and record_id(good(product_id=-3)) == "-3"
+    assert record_id(good(product_id=True)) is None and record_id(good(product_id=2.0)) is None
 
 
 def test_accepts_and_keeps_fields():
