@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datafiles.storage import read_jsonl, read_text
+from pipelines.schema import id_of
 
 RECORDS_FILE = "records.jsonl"
 ATTRIBUTES_FILE = "attributes.json"
@@ -77,6 +78,7 @@ def read_gold(uri: str) -> list[GoldExample]:
     seen: set[str] = set()
     for number, row in read_jsonl(uri):
         where = f"{uri} line {number}"
+        row = {**row, "product_id": id_of(row.get("product_id"))}  # an integer id: its decimal string
         for key in ("product_id", "category"):
             if not isinstance(row.get(key), str) or not row[key]:
                 raise ValueError(f"{where}: '{key}' must be a non-empty string (is this a gold.jsonl from hpd convert?)")

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from pipelines.schema import id_of
+
 
 @dataclass(frozen=True)
 class Leakage:
@@ -72,7 +74,7 @@ def measure(
     seen: dict[str, int] = {}
     for record in records:
         category = record["category"]
-        positions.setdefault(record["product_id"], (category, seen.get(category, 0)))
+        positions.setdefault(id_of(record["product_id"]), (category, seen.get(category, 0)))
         seen[category] = seen.get(category, 0) + 1
     for product_id, answer in predictions.items():
         if product_id not in positions:

@@ -63,6 +63,12 @@ def product_fields(product) -> tuple:
     return (product.title, product.description, *product.features)
 
 
+def in_text(value: str, product) -> bool:
+    """Whether ``value`` occurs, exactly, in one of the product's text fields: what the extraction
+    job's text check asks of every value, and what span decoding makes true by construction."""
+    return any(value in text for text in product_fields(product) if text)
+
+
 def field_texts(fields, specials: frozenset[str] = NO_SPECIALS) -> tuple[str, ...]:
     """The fields as they read inside a JSON string in the prompt (what the model writes between
     the quotes), spellings of the tokenizer's ``specials`` broken as the prompt breaks them."""

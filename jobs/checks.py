@@ -25,6 +25,7 @@ from pipelines.dryrun import DRY_RUN
 
 
 MODEL_FILES = "model_files"  # in _job.json's arguments, outside the run id
+INPUT_MODIFIED = "input_modified"  # likewise: the digest of the input files' modification times
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Preflight:
     arguments: dict  # the job's arguments and what its model and adapter are (``model_files``), for _job.json
     run_id: str  # the job's run id (the output's own where it was started under a former one)
     ignored: tuple[str, ...] = ()  # data files of the input not read for their names (_ or . first)
+    input_modified: bool = False  # the same job, and its input files' modification times differ since it started
 
 
 def hub_cache() -> Path:
@@ -134,7 +136,7 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
     """Which arguments differ between the job in ``output`` and this one, by flag."""
     parts = []
     for key, old, new in commit.differences(existing.get("arguments") or {}, arguments):
-        if key.split(".", 1)[0] == MODEL_FILES:  # not an argument (see model_files)
+        if key.split(".", 1)[0] in (MODEL_FILES, INPUT_MODIFIED):  # not arguments (see model_files)
             continue
         name = flag_for(key.rsplit(".", 1)[-1], args) or key
         if key == "attributes":
@@ -148,9 +150,9 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
 
 def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     """Run every check; write nothing. ``args.overwrite`` allows replacing an earlier job."""
-    planned, ignored = reader.plan_input(config.prepare.read)  # the input exists and holds data files
-    shards = tuple(planned)
-    arguments = config.arguments
+    plan = reader.plan_input(config.prepare.read)  # the input exists and holds data files
+    shards = tuple(plan.shards)
+    arguments = {**config.arguments, INPUT_MODIFIED: plan.modified}
     if config.extract.decoder != DRY_RUN:
         check_model(config.extract.model_uri, config.extract.adapter_uri)
         arguments = {**arguments, MODEL_FILES: model_files(config.extract.model_uri, config.extract.adapter_uri)}
@@ -182,5 +184,9 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     if same and not args.overwrite and io.exists(io.join(output, "_report.json")):
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
+    # a file rewritten in place to the same size keeps its shards (a size that changed is refused
+    # when the job's id index is read); its modification time is the only sign, and copying or
+    # touching a file changes it too, so this is a warning (none for jobs from before the digest)
+    modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
-                     tuple(ignored))
+                     tuple(plan.ignored), modified)

@@ -255,6 +255,11 @@ def run(args: argparse.Namespace) -> int:
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
     plan = preflight(config, args)  # every check; nothing written yet
+    if plan.input_modified:
+        print("hpd extract: warning: files of --input were modified since this job started (their modification "
+              "times differ; their sizes do not): if one was rewritten, its values in --output are the old content's "
+              "and a resumed job mixes the two; --overwrite starts the job over, a new --output keeps this one",
+              file=sys.stderr)
     if plan.ignored:
         print(f"hpd extract: warning: {len(plan.ignored)} file(s) of --input are not read, as their names (or a folder's) "
               f"begin with _ or . (Spark's and Hadoop's markers): {plan.ignored[0]}"

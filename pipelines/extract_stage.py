@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from hpd_core.config import DECODERS, DEFAULT_MODEL, DecodeConfig, ModelConfig
-from hpd_core.spans import product_fields
+from hpd_core.spans import in_text
 from hpd_core.types import Product, Request, Result
 from pipelines import io
 from pipelines.artifacts import resolve_model_path
@@ -187,11 +187,6 @@ def run_dtype(config: ExtractConfig) -> str | None:
 def _text_length(request: Request) -> int:
     """A cheap stand-in for the prompt's token count (to group prompts of similar length)."""
     return sum(len(p.title) + len(p.description or "") + sum(map(len, p.features)) for p in request.products)
-
-
-def in_text(value: str, product: Product) -> bool:
-    """Whether ``value`` occurs, exactly, in one of the product's text fields."""
-    return any(value in text for text in product_fields(product) if text)
 
 
 def _reason(err: Exception) -> str:

@@ -185,7 +185,7 @@ def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> 
         return None
     index = io.read_json(io.join(directory, MARKER))
     if [s["shard_id"] for s in index["shards"]] != [s.shard_id for s in shards]:
-        raise ValueError(f"the input of {output_uri} changed since this run started (its files, their sizes or their modification times differ); "
+        raise ValueError(f"the input of {output_uri} changed since this run started (its files or sizes differ); "
                          "use a new --output")
     build = io.join(directory, index["build"])
     return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]))

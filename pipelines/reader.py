@@ -103,7 +103,7 @@ def _hidden(root: str, path: str) -> bool:
 class InputFile(NamedTuple):
     uri: str
     size: int
-    modified: int  # modification time, ns since the epoch (an S3 object's LastModified); 0 where unknown
+    modified: int | None  # modification time, ns since the epoch (an S3 object's LastModified)
 
 
 def list_input(uri: str) -> tuple[list[InputFile], list[str]]:
@@ -119,8 +119,10 @@ def list_input(uri: str) -> tuple[list[InputFile], list[str]]:
     files = sorted(InputFile(i.path, i.size, _modified(i)) for i in infos if not _hidden(root, i.path))
     ignored = sorted(to_uri(fs, i.path) for i in infos if _hidden(root, i.path))
     if not files:
+        looks_like_data = [u for u in ignored if _kind(u) != "unsupported"]
         raise ValueError(f"--input {uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz)"
-                         + (f"; files under names that begin with _ or . are not read, e.g. {ignored[0]}" if ignored else ""))
+                         + (f"; files under names that begin with _ or . are not read, e.g. {looks_like_data[0]}"
+                            if looks_like_data else ""))
     return [f._replace(uri=to_uri(fs, f.uri)) for f in files], ignored
 
 
@@ -129,26 +131,46 @@ def list_input_files(uri: str) -> list[InputFile]:
     return list_input(uri)[0]
 
 
-def _modified(info: pafs.FileInfo) -> int:
-    return int(info.mtime_ns or 0)
+def _modified(info: pafs.FileInfo) -> int | None:
+    return None if info.mtime_ns is None else int(info.mtime_ns)
 
 
 def _shard_id(file: InputFile, start: int, end: int) -> str:
-    """A shard's identity: its file's path, size and modification time, and its byte range, so that
-    a file changed in place (even to the same size) is another input."""
-    return hashlib.sha256(f"{file.uri}|{file.size}|{file.modified}|{start}|{end}".encode()).hexdigest()[:16]
+    """A shard's identity: its file's path and size and its byte range (a file whose size changed is
+    another input; one changed in place to the same size is caught by ``modification_digest``)."""
+    return hashlib.sha256(f"{file.uri}|{file.size}|{start}|{end}".encode()).hexdigest()[:16]
+
+
+def modification_digest(files: list[InputFile]) -> str:
+    """One digest of the input files' modification times: a job records it when it starts, and a
+    later run of the job that finds another says so (a file may have been rewritten in place, to
+    the same size; or only copied or touched, so a warning, not a refusal)."""
+    text = "\n".join(f"{f.uri}|{f.modified}" for f in sorted(files))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """The input's shards; the files passed over for their names that look like data; the digest
+    of the files' modification times (``modification_digest``)."""
+
+    shards: list[Shard]
+    ignored: list[str]
+    modified: str
 
 
 def plan_shards(config: ReadConfig) -> list[Shard]:
     """The input's shards in file order; with ``limit`` only those holding the first rows."""
-    return plan_input(config)[0]
+    return plan_input(config).shards
 
 
-def plan_input(config: ReadConfig) -> tuple[list[Shard], list[str]]:
-    """``plan_shards``, and the files of the input that look like data (by their suffix) and are
-    passed over for their names (``_hidden``): say so, nothing else will."""
+def plan_input(config: ReadConfig) -> InputPlan:
+    """``plan_shards``, the files of the input that look like data (by their suffix) and are passed
+    over for their names (``_hidden``: say so, nothing else will), and the files' digest of
+    modification times."""
     files, ignored = list_input(config.uri)
     ignored = [uri for uri in ignored if _kind(uri) != "unsupported"]  # not _SUCCESS, .crc, ...
+    modified = modification_digest(files)
     if all(_kind(f.uri) == "unsupported" for f in files):  # a mistake, not rows to reject one by one
         names = ", ".join(f.uri.rsplit("/", 1)[-1] for f in files[:3]) + (", ..." if len(files) > 3 else "")
         raise ValueError(f"--input {config.uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz; "
@@ -161,7 +183,7 @@ def plan_input(config: ReadConfig) -> tuple[list[Shard], list[str]]:
             end = min(start + step, file.size)
             shards.append(Shard(_shard_id(file, start, end), file.uri, kind, start, end))
     if config.limit is None:
-        return shards, ignored
+        return InputPlan(shards, ignored, modified)
     limited, remaining = [], config.limit
     for shard in shards:
         if remaining == 0:
@@ -170,7 +192,7 @@ def plan_input(config: ReadConfig) -> tuple[list[Shard], list[str]]:
         if take:
             limited.append(replace(shard, max_rows=take))
         remaining -= take
-    return limited, ignored
+    return InputPlan(limited, ignored, modified)
 
 
 @dataclass(frozen=True)

@@ -226,13 +226,17 @@ def _fit(title: str, description: str | None, features: tuple[str, ...], budget:
     return title, description or None, tuple(kept)
 
 
+def id_of(value: object) -> object:
+    """A product_id as the project reads it: an integer (a Parquet int64 column, a number in JSON) as
+    its decimal string, since catalogs number their products and ids are strings everywhere after
+    reading; anything else as it is (a float or a bool is then rejected as not a string)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def _integer_id(record: dict) -> dict:
-    """A record whose product_id is an integer (a Parquet int64 column, a number in JSON) with it as
-    its decimal string: catalogs number their products, and ids are strings everywhere after this."""
+    """The record with ``id_of`` its product_id."""
     product_id = record.get("product_id")
-    if isinstance(product_id, int) and not isinstance(product_id, bool):
-        return {**record, "product_id": str(product_id)}
-    return record
+    return record if id_of(product_id) is product_id else {**record, "product_id": id_of(product_id)}
 
 
 def record_id(value: object) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datafiles.predictions import attribute_files, read_columns  # noqa: E402
+from pipelines.schema import id_of  # noqa: E402
 
 
 def first_products(output: str, products: int) -> dict[str, list[tuple[str, object, float | None]]]:
@@ -44,8 +45,8 @@ def titles(records: str, wanted: set[str]) -> dict[str, tuple[str, str]]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # the job rejected such lines; nothing of it is shown
-            if isinstance(row, dict) and row.get("product_id") in wanted:
-                found[row["product_id"]] = (str(row.get("title")), str(row.get("category")))
+            if isinstance(row, dict) and id_of(row.get("product_id")) in wanted:
+                found[id_of(row["product_id"])] = (str(row.get("title")), str(row.get("category")))
                 if len(found) == len(wanted):
                     break
     return found

@@ -29,8 +29,8 @@ from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE, read_gol
 from datafiles.predictions import attribute_files, read_columns
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
+from hpd_core.spans import in_text
 from hpd_core.types import Attribute, Product
-from pipelines.extract_stage import in_text
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
 
 NULL_GOLD = "n/a"

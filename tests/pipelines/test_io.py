@@ -232,14 +232,16 @@ def test_files_under_hidden_names_are_not_read_and_the_data_looking_ones_are_nam
     for name in ("a.jsonl", "_SUCCESS", ".a.jsonl.crc", "_2024_export.jsonl", ".hidden.jsonl", "_archive/old.parquet"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text('{"product_id": "1"}\n')
-    shards, ignored = reader.plan_input(ReadConfig(str(tmp_path)))
-    assert [s.uri.rsplit("/", 1)[-1] for s in shards] == ["a.jsonl"]
-    assert [u.rsplit("/", 2)[-2:] for u in ignored] == [
+    plan = reader.plan_input(ReadConfig(str(tmp_path)))
+    assert [s.uri.rsplit("/", 1)[-1] for s in plan.shards] == ["a.jsonl"]
+    assert [u.rsplit("/", 2)[-2:] for u in plan.ignored] == [
         [tmp_path.name, ".hidden.jsonl"], [tmp_path.name, "_2024_export.jsonl"], ["_archive", "old.parquet"]]
     only_hidden = tmp_path / "only"
     only_hidden.mkdir()
+    (only_hidden / "_SUCCESS").write_text("")
     (only_hidden / "_part.jsonl").write_text("{}\n")
-    with pytest.raises(ValueError, match=r"no data files .*; files under names that begin with _ or \. are not read"):
+    with pytest.raises(ValueError, match=r"no data files .*; files under names that begin with _ or \. are not read, "
+                       r"e\.g\. .*_part\.jsonl$"):
         plan_shards(ReadConfig(str(only_hidden)))
 
 
@@ -260,8 +262,12 @@ def test_s3_listing_reading_and_atomic_writes(s3_server):
     client.put_object(Bucket=bucket, Key="in/_old/c.jsonl", Body=b'{"product_id": "4"}\n')
     files = reader.list_input_files(f"s3://{bucket}/in")
     assert [(f.uri, f.size) for f in files] == [(f"s3://{bucket}/in/a.jsonl", 40), (f"s3://{bucket}/in/sub/b.jsonl", 20)]
-    assert all(f.modified > 0 for f in files)  # S3's LastModified: part of a shard's identity
-    assert reader.plan_input(ReadConfig(f"s3://{bucket}/in"))[1] == [f"s3://{bucket}/in/_old/c.jsonl"]  # not _SUCCESS
+    assert all(f.modified > 0 for f in files)  # S3's LastModified
+    plan = reader.plan_input(ReadConfig(f"s3://{bucket}/in"))
+    assert plan.ignored == [f"s3://{bucket}/in/_old/c.jsonl"]  # not _SUCCESS
+    assert reader.plan_input(ReadConfig(f"s3://{bucket}/in")).modified == plan.modified  # the same listing, the same digest
+    client.put_object(Bucket=bucket, Key="in/a.jsonl", Body=b'{"product_id": "1"}\n{"product_id": "2"}\n')  # again
+    assert [s.shard_id for s in reader.plan_input(ReadConfig(f"s3://{bucket}/in")).shards] == [s.shard_id for s in plan.shards]
     assert [r.value["product_id"] for r in rows_of(ReadConfig(f"s3://{bucket}/in/", shard_bytes=25))] == ["1", "2", "3"]
 
     target = f"s3://{bucket}/out/x/data.json"

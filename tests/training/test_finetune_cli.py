@@ -88,6 +88,26 @@ def test_gold_targets_prefer_a_spelling_of_the_text_and_count_the_rest(data_dir,
     assert "1 of the 3 target values are not in their product's text (e.g. 'red' for a)" in caplog.text
 
 
+def test_integer_product_ids_train_and_their_held_out_products_are_written(tmp_path):
+    """Catalogs number their products: integer ids in records and gold are their decimal strings,
+    and the validation folder holds the held-out products' records and gold (it came out empty)."""
+    from jobs.finetune import write_validation
+    from datafiles.dataset import read_gold
+
+    folder = tmp_path / "numbered"
+    folder.mkdir()
+    write_jsonl(folder / "records.jsonl", [{"product_id": 10 + i, "category": c, "title": t} for i, (c, t, _) in enumerate(TITLES)])
+    write_jsonl(folder / "gold.jsonl", [{"product_id": 10 + i, "category": c, "target_scores": g} for i, (c, _, g) in enumerate(TITLES)])
+    (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
+    sources = gold.resolve_sources(folder)
+    data = gold.load_gold(sources)
+    assert [p.product.product_id for p in data.products] == [str(10 + i) for i in range(len(TITLES))]
+    held_out = write_validation(sources, data.products[:2], tmp_path / "out")
+    kept = [json.loads(line)["product_id"] for line in (held_out / "records.jsonl").read_text().splitlines()]
+    assert kept == [10, 11]  # the records as given
+    assert [g.product_id for g in read_gold(str(held_out / "gold.jsonl"))] == ["10", "11"]
+
+
 def test_teacher_targets_from_extract_output(data_dir, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
