@@ -302,3 +302,13 @@ def test_weed_ports_never_give_one_service_anothers_grpc_port():
         ports = weed_ports(5)
         everything = ports + [p + GRPC_PORT_OFFSET for p in ports]
         assert len(set(everything)) == len(everything) and max(everything) < 65536
+
+
+def test_a_shards_identity_is_its_files_path_size_and_byte_range_only():
+    """Committed chunks and the id index are found again by shard id: the formula of outputs
+    written since 2026-11-21 (a change would make every earlier output unresumable). The file's
+    modification time is not in it (see reader.modification_digest)."""
+    from pipelines.reader import InputFile, _shard_id
+
+    assert _shard_id(InputFile("/data/in/a.jsonl", 1234, 5), 0, 1234) == "af9ac9439ac55164"
+    assert _shard_id(InputFile("/data/in/a.jsonl", 1234, 6), 0, 1234) == "af9ac9439ac55164"
