@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "convert": ("jobs.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold"),
     "bench": ("jobs.bench", "throughput benchmark: baseline vs HPD side by side"),
     "finetune": ("jobs.finetune", "HPD-aligned (or baseline) LoRA fine-tuning / distillation"),
+    "pick": ("jobs.pick", "a sample of a catalog's products to label (for finetune --init-adapter), every category in it, with a gold draft"),
 }
 
 

@@ -1,0 +1,89 @@
+"""`hpd pick`: which products of a catalog to label first (training/selection.py, jobs/pick.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.cli import main
+from training.selection import SelectionConfig, draft, quotas, select
+
+
+def test_quotas_give_each_category_its_minimum_and_the_rest_by_size():
+    sizes = {"Shirts": 300, "Eyewear": 300, "Shorts": 300, "Guitar": 206, "Swimwear": 142, "Lure": 108,
+             "Fishing Rod": 60, "Baseball Caps": 59, "Stove": 51, "Helmet": 42}  # AE-110k train
+    assert quotas(sizes, 50, 2) == {"Shirts": 8, "Eyewear": 8, "Shorts": 8, "Guitar": 6, "Swimwear": 4, "Lure": 4,
+                                    "Fishing Rod": 3, "Baseball Caps": 3, "Stove": 3, "Helmet": 3}
+    assert sum(quotas(sizes, 200, 2).values()) == 200
+    assert quotas({"a": 1, "b": 100}, 10, 2) == {"a": 1, "b": 9}  # a small category gives what it lacks to the others
+    assert quotas({"a": 3, "b": 3}, 100, 2) == {"a": 3, "b": 3}  # fewer products than asked: all of them
+    assert quotas({"a": 5, "b": 5, "c": 5}, 2, 2) == {"a": 2, "b": 2, "c": 2}  # the minimum holds over the count
+    assert quotas({"a": 50, "b": 50}, 7, 0) in ({"a": 4, "b": 3}, {"a": 3, "b": 4})
+
+
+def test_a_seeded_sample_per_category_in_input_order():
+    products = [(f"a{i}", "A") for i in range(20)] + [(f"b{i}", "B") for i in range(5)] + [("c0", "C")]
+    chosen = select(products, SelectionConfig(6, min_per_category=1, seed=3))
+    assert chosen == select(products, SelectionConfig(6, min_per_category=1, seed=3))  # seeded
+    assert chosen != select(products, SelectionConfig(6, min_per_category=1, seed=4))
+    assert chosen == [p for p, _ in products if p in set(chosen)]  # input order
+    assert [c for p, c in products if p in set(chosen)].count("A") == 3 and "c0" in chosen  # every category
+
+
+def test_bad_settings_are_named():
+    for kwargs, message in (({"count": 0}, "count must be"), ({"count": 5, "min_per_category": -1}, "min_per_category must be")):
+        with pytest.raises(ValueError, match=message):
+            SelectionConfig(**kwargs)
+
+
+def test_the_draft_holds_every_attribute_the_models_value_or_none():
+    line = draft("p1", "Shoes", {"Brand": "Acme", "Color": None}, ["Brand", "Color", "Size"])
+    assert line == {"product_id": "p1", "category": "Shoes",
+                    "target_scores": {"Brand": {"Acme": 1}, "Color": {"n/a": 1}, "Size": {"n/a": 1}}}
+
+
+def _job_output(folder: Path, rows: list[tuple]) -> None:
+    """What `hpd extract` writes: attributes/category=<c>/part.parquet."""
+    for category in sorted({r[1] for r in rows}):
+        part = folder / "attributes" / f"category={category}"
+        part.mkdir(parents=True)
+        mine = [r for r in rows if r[1] == category]
+        table = {"product_id": [r[0] for r in mine], "attribute": [r[2] for r in mine], "value": [r[3] for r in mine]}
+        pq.write_table(pa.table(table), part / "part-0.parquet")
+
+
+def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path, capsys):
+    records = [{"product_id": 1, "category": "Shoes", "title": "Acme red shoe"},
+               {"product_id": 2, "category": "Shoes", "title": "Zed blue shoe"},
+               {"product_id": 3, "category": "Tea", "title": "Leafy green tea"},
+               {"product_id": 4, "category": "Tea", "title": "not in the output"}]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "attributes.json").write_text(json.dumps({"Shoes": ["Brand", "Color"], "Tea": ["Flavor"]}))
+    output = tmp_path / "run"
+    _job_output(output, [("1", "Shoes", "Brand", "Acme"), ("1", "Shoes", "Color", "red"),
+                         ("2", "Shoes", "Brand", "Zed"), ("2", "Shoes", "Color", None), ("3", "Tea", "Flavor", "green")])
+    argv = ["pick", str(output), "--input", str(tmp_path / "records.jsonl"), "--attributes", str(tmp_path / "attributes.json"),
+            "--count", "2", "--min-per-category", "1", "--seed", "0", "--out", str(tmp_path / "label")]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary == {"picked": 2, "of": 3, "seed": 0, "per_category": {"Shoes": 1, "Tea": 1},
+                       "out": str(tmp_path / "label")}
+    picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
+    assert picked == [records[1], records[2]]  # one of each category, as they were (4 was not extracted)
+    drafts = [json.loads(line) for line in (tmp_path / "label" / "gold-draft.jsonl").read_text().splitlines()]
+    assert drafts[0] == {"product_id": "2", "category": "Shoes", "target_scores": {"Brand": {"Zed": 1}, "Color": {"n/a": 1}}}
+    # corrected and saved as gold.jsonl, the folder is what `hpd finetune --train` reads
+    (tmp_path / "label" / "gold.jsonl").write_text((tmp_path / "label" / "gold-draft.jsonl").read_text())
+    from training import data
+
+    loaded = data.load_gold(data.resolve_sources(tmp_path / "label"))
+    assert [p.product.product_id for p in loaded.products] == ["2", "3"] and loaded.products[0].values == ("Zed", None)
+    # a folder in use is refused by name; --seed picks another sample
+    assert main(argv) == 2 and "is not a new or empty folder" in capsys.readouterr().err
+    argv[argv.index("--seed") + 1], argv[-1] = "1", str(tmp_path / "label2")
+    assert main(argv) == 0
+    assert (tmp_path / "label2" / "records.jsonl").read_text() != (tmp_path / "label" / "records.jsonl").read_text()
