@@ -24,6 +24,7 @@ from pipelines.schema import id_of
 RECORDS_FILE = "records.jsonl"
 ATTRIBUTES_FILE = "attributes.json"
 GOLD_FILE = "gold.jsonl"
+NULL_GOLD = "n/a"  # a gold value meaning: the product has none
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,13 @@ def read_gold(uri: str) -> list[GoldExample]:
     if not examples:
         raise ValueError(f"{uri}: no gold rows")
     return examples
+
+
+def gold_draft(product_id: str, category: str, values: Mapping[str, object], attributes: list[str]) -> dict:
+    """A gold line (``read_gold``'s format) holding a model's values, for a person to correct: each
+    attribute of the category, its value or ``n/a`` for none (`hpd pick`)."""
+    target_scores = {name: {NULL_GOLD if values.get(name) is None else str(values[name]): 1} for name in attributes}
+    return {"product_id": product_id, "category": category, "target_scores": target_scores}
 
 
 def read_attributes(uri: str) -> dict[str, list[str]]:

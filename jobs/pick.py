@@ -1,24 +1,30 @@
-"""`hpd pick OUTPUT --input RECORDS --attributes FILE --count N --out FOLDER`: the products of a
-catalog to label first, for `hpd finetune --init-adapter default`.
+"""`hpd pick OUTPUT --input RECORDS --attributes FILE --count N --out FOLDER`: a sample of a
+catalog's products to label, for `hpd finetune --init-adapter default`.
 
 The choice is ``training.selection`` (a share per category, a seeded sample within it); this
-module reads an `hpd extract` output and its input, and writes an `hpd convert`-style folder: ``records.jsonl`` (the chosen products' records as they were),
-``attributes.json`` and ``gold-draft.jsonl`` (the model's values, to correct and save as
-``gold.jsonl``). The counts go to stderr, the last stdout line is one JSON summary.
+module reads an `hpd extract` output and its input, and writes an `hpd convert`-style folder:
+``records.jsonl`` (the chosen products' records as they were), ``attributes.json`` and
+``gold-draft.jsonl`` (the model's values, to correct and save as ``gold.jsonl``). The records are
+checked as the job checked them (the first valid copy of an id is the product), and the schema
+must be the job's. It holds the output's values and the input's records in memory: pick from the
+output of a part of a large catalog (a sample file, or `hpd extract --limit`). The counts go to
+stderr, the last stdout line is one JSON summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
 from collections import Counter
 from pathlib import Path
 
-from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE
-from pipelines.schema import id_of, load_schema
-from training.selection import SelectionConfig, draft, select
+from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE, gold_draft
+from pipelines.reader import PARQUET_SUFFIXES
+from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, validate_record
+from training.selection import SelectionConfig, select
 
 DRAFT_FILE = "gold-draft.jsonl"
 
@@ -26,8 +32,9 @@ DRAFT_FILE = "gold-draft.jsonl"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="an `hpd extract` output of the catalog (local or s3://): the products it wrote "
                         "are the candidates, and its values the draft")
-    parser.add_argument("--input", required=True, type=Path, help="that job's input records (a local .jsonl or .parquet file)")
-    parser.add_argument("--attributes", required=True, type=Path, help="that job's attribute schema")
+    parser.add_argument("--input", required=True, help="that job's input records: one local .jsonl (optionally "
+                        "gzipped) or .parquet file")
+    parser.add_argument("--attributes", required=True, help="that job's attribute schema")
     parser.add_argument("--count", required=True, type=int, help="products to pick")
     parser.add_argument("--out", required=True, type=Path, help="a new or empty folder for records.jsonl, attributes.json "
                         f"and {DRAFT_FILE}")
@@ -37,6 +44,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"of the sample (default: {defaults.seed})")
 
 
+def check_schema(output: str, schema, predictions) -> None:
+    """The schema must be the job's: by the digest its ``_job.json`` keeps (jobs.config), else by
+    the categories and attributes of its values."""
+    from pipelines import io
+
+    marker = io.join(output, "_job.json")
+    if io.exists(marker):
+        digest = (io.read_json(marker).get("arguments") or {}).get("attributes")
+        if digest is not None and digest != hashlib.sha256(schema.to_json().encode()).hexdigest():
+            raise ValueError(f"--attributes is not the schema the job in {output} ran with: pass that one")
+        return
+    for product_id, values in predictions.values.items():
+        category = predictions.categories.get(product_id)
+        names = {a.name for a in schema.categories.get(category, ())}
+        if category not in schema.categories or not set(values) <= names:
+            raise ValueError(f"--attributes does not hold the category {category!r} or its attributes "
+                             f"{sorted(set(values) - names)} of {output}: pass the job's schema")
+
+
 def run(args: argparse.Namespace) -> int:
     from datafiles.predictions import read_predictions
     from training.data import read_records
@@ -44,19 +70,29 @@ def run(args: argparse.Namespace) -> int:
     config = SelectionConfig(args.count, args.min_per_category, args.seed)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} is not a new or empty folder")
-    if not args.input.is_file():
-        raise ValueError(f"--input {args.input} is not a file (a .jsonl or .parquet file of records)")
-    schema = load_schema(str(args.attributes))
+    source = Path(args.input)
+    if "://" in args.input or not source.is_file():
+        raise ValueError(f"--input {args.input} is not a local file (a .jsonl or .parquet file of records)")
+    schema = load_schema(args.attributes)
     predictions = read_predictions(args.output)
-    records = {}
-    for record in read_records(args.input):
-        if isinstance(record, dict):
-            product_id = id_of(record.get("product_id"))
-            if product_id in predictions.values and product_id not in records:
-                records[product_id] = record
+    check_schema(args.output, schema, predictions)
+    rows = _parquet(source) if source.suffix.lower() in PARQUET_SUFFIXES else read_records(source)
+    records: dict[str, dict] = {}
+    other_category = 0
+    for record in rows:  # the first valid copy of an id is the product, as in the job
+        product_id = id_of(record.get("product_id")) if isinstance(record, dict) else None
+        if product_id not in predictions.values or product_id in records:
+            continue
+        if not isinstance(validate_record(record, schema, ValidationConfig()), Accepted):
+            continue
+        if record["category"] != predictions.categories.get(product_id, record["category"]):
+            other_category += 1  # not the record the job wrote
+            continue
+        records[product_id] = record
+    missing = len(predictions.values) - len(records)
     if not records:
         raise ValueError(f"no product of {args.output} is in --input {args.input}: pass the job's own input")
-    products = [(product_id, str(record.get("category"))) for product_id, record in records.items()]
+    products = [(product_id, record["category"]) for product_id, record in records.items()]
     chosen = select(products, config)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -67,15 +103,25 @@ def run(args: argparse.Namespace) -> int:
     categories = dict(products)
     with open(args.out / DRAFT_FILE, "w", encoding="utf-8") as out:
         for product_id in chosen:
-            category = categories[product_id]
-            names = [a.name for a in schema.categories.get(category, ())]
-            out.write(json.dumps(draft(product_id, category, predictions.values[product_id], names), ensure_ascii=False) + "\n")
+            names = [a.name for a in schema.attributes(categories[product_id])]
+            line = gold_draft(product_id, categories[product_id], predictions.values[product_id], names)
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     per_category = Counter(categories[p] for p in chosen)
+    if missing:
+        print(f"hpd pick: warning: {missing} of the {len(predictions.values)} products of {args.output} are not in "
+              f"--input as the job read them ({other_category} under another category): is it the job's input?",
+              file=sys.stderr)
     print(f"hpd pick: {len(chosen)} of {len(products)} products (seed {config.seed}): "
           + ", ".join(f"{c} {n}" for c, n in sorted(per_category.items())), file=sys.stderr)
     print(f"  correct {args.out / DRAFT_FILE} (the model's values; n/a: none) and save it as {args.out / 'gold.jsonl'}, "
           f"then: hpd finetune --train {args.out} --init-adapter default --dtype auto --out ADAPTER", file=sys.stderr)
-    print(json.dumps({"picked": len(chosen), "of": len(products), "seed": config.seed,
+    print(json.dumps({"picked": len(chosen), "of": len(products), "not_in_input": missing, "seed": config.seed,
                       "per_category": dict(sorted(per_category.items())), "out": str(args.out)}))
     return 0
+
+
+def _parquet(path: Path) -> list:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, RECORDS_FILE, read_gold
+from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold
 from datafiles.predictions import attribute_files, read_columns
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
@@ -33,7 +33,6 @@ from hpd_core.spans import in_text
 from hpd_core.types import Attribute, Product
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
 
-NULL_GOLD = "n/a"
 
 
 @dataclass(frozen=True)

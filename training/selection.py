@@ -7,8 +7,6 @@ category a seeded random sample. Picking the products the model is least sure of
 measured and did not help (docs/quality.md, session 50): how much 45 labelled products give
 varies more from one sample to the next (60 to 70 F1 on AE-110k) than between the ways of
 choosing them, and at 200 the least sure scored 6 points below a random 200.
-
-``draft`` turns the model's own values into gold lines to correct rather than type.
 """
 
 from __future__ import annotations
@@ -17,9 +15,6 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-NULL_GOLD = "n/a"
-
 
 @dataclass(frozen=True)
 class SelectionConfig:
@@ -42,6 +37,8 @@ def quotas(sizes: Mapping[str, int], count: int, minimum: int) -> dict[str, int]
     category holds; what a category cannot take goes to those with the most left. The sum is
     ``count``, or more where ``minimum`` per category already exceeds it, or less where the
     categories hold fewer products."""
+    if minimum < 0 or count < 0:
+        raise ValueError(f"count and minimum must be >= 0, got {count} and {minimum}")
     picked = {c: min(minimum, n) for c, n in sizes.items()}
     left = max(0, count - sum(picked.values()))
     total = sum(sizes.values()) or 1
@@ -71,10 +68,3 @@ def select(products: Sequence[tuple[str, str]], config: SelectionConfig) -> list
     for category in sorted(by_category):
         chosen.update(rng.sample(by_category[category], wanted[category]))
     return [product_id for product_id, _ in products if product_id in chosen]
-
-
-def draft(product_id: str, category: str, values: Mapping[str, object], attributes: Sequence[str]) -> dict:
-    """A gold line (``hpd convert``'s format) holding the model's values, to be corrected: each
-    attribute of the category, its value or ``n/a``."""
-    target_scores = {name: {NULL_GOLD if values.get(name) is None else str(values[name]): 1} for name in attributes}
-    return {"product_id": product_id, "category": category, "target_scores": target_scores}

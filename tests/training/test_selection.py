@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.cli import main
-from training.selection import SelectionConfig, draft, quotas, select
+from datafiles.dataset import gold_draft
+from training.selection import SelectionConfig, quotas, select
 
 
 def test_quotas_give_each_category_its_minimum_and_the_rest_by_size():
@@ -23,6 +24,8 @@ def test_quotas_give_each_category_its_minimum_and_the_rest_by_size():
     assert quotas({"a": 3, "b": 3}, 100, 2) == {"a": 3, "b": 3}  # fewer products than asked: all of them
     assert quotas({"a": 5, "b": 5, "c": 5}, 2, 2) == {"a": 2, "b": 2, "c": 2}  # the minimum holds over the count
     assert quotas({"a": 50, "b": 50}, 7, 0) in ({"a": 4, "b": 3}, {"a": 3, "b": 4})
+    with pytest.raises(ValueError, match="must be >= 0"):
+        quotas({"a": 5}, 3, -1)
 
 
 def test_a_seeded_sample_per_category_in_input_order():
@@ -41,7 +44,7 @@ def test_bad_settings_are_named():
 
 
 def test_the_draft_holds_every_attribute_the_models_value_or_none():
-    line = draft("p1", "Shoes", {"Brand": "Acme", "Color": None}, ["Brand", "Color", "Size"])
+    line = gold_draft("p1", "Shoes", {"Brand": "Acme", "Color": None}, ["Brand", "Color", "Size"])
     assert line == {"product_id": "p1", "category": "Shoes",
                     "target_scores": {"Brand": {"Acme": 1}, "Color": {"n/a": 1}, "Size": {"n/a": 1}}}
 
@@ -70,7 +73,7 @@ def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path
             "--count", "2", "--min-per-category", "1", "--seed", "0", "--out", str(tmp_path / "label")]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert summary == {"picked": 2, "of": 3, "seed": 0, "per_category": {"Shoes": 1, "Tea": 1},
+    assert summary == {"picked": 2, "of": 3, "not_in_input": 0, "seed": 0, "per_category": {"Shoes": 1, "Tea": 1},
                        "out": str(tmp_path / "label")}
     picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
     assert picked == [records[1], records[2]]  # one of each category, as they were (4 was not extracted)
@@ -87,3 +90,35 @@ def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path
     argv[argv.index("--seed") + 1], argv[-1] = "1", str(tmp_path / "label2")
     assert main(argv) == 0
     assert (tmp_path / "label2" / "records.jsonl").read_text() != (tmp_path / "label" / "records.jsonl").read_text()
+
+
+def test_cli_takes_the_records_the_job_took_and_refuses_another_schema(tmp_path, capsys):
+    """The first valid copy of an id is the product (a rejected copy before it is not), a record
+    under another category than the output's is not it, and a schema that is not the job's is
+    refused (its draft would be all n/a)."""
+    records = [{"product_id": 1, "category": "Nope", "title": "rejected: unknown category"},
+               {"product_id": 1, "category": "Shoes", "title": "Acme red shoe"},
+               {"product_id": 2, "category": "Tea", "title": "a shoe, filed as tea here"},
+               {"product_id": 3, "category": "Tea", "title": "Leafy green tea"}]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    schema = {"Shoes": ["Brand", "Color"], "Tea": ["Flavor"]}
+    (tmp_path / "attributes.json").write_text(json.dumps(schema))
+    output = tmp_path / "run"
+    _job_output(output, [("1", "Shoes", "Brand", "Acme"), ("2", "Shoes", "Brand", "Zed"), ("3", "Tea", "Flavor", "green")])
+    argv = ["pick", str(output), "--input", str(tmp_path / "records.jsonl"), "--attributes", str(tmp_path / "attributes.json"),
+            "--count", "5", "--out", str(tmp_path / "label")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["not_in_input"] == 1
+    assert "warning: 1 of the 3 products of" in captured.err and "(1 under another category)" in captured.err
+    picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
+    assert picked == [records[1], records[3]]
+    (tmp_path / "other.json").write_text(json.dumps({"Shoes": ["Maker", "Colour"], "Tea": ["Flavor"]}))
+    argv[5], argv[-1] = str(tmp_path / "other.json"), str(tmp_path / "label2")
+    assert main(argv) == 2
+    assert "--attributes does not hold the category 'Shoes' or its attributes ['Brand']" in capsys.readouterr().err
+    (output / "_job.json").write_text(json.dumps({"run_id": "r", "arguments": {"attributes": "0" * 64}}))
+    argv[5] = str(tmp_path / "attributes.json")
+    assert main(argv) == 2 and "is not the schema the job in" in capsys.readouterr().err
+    argv[3] = "s3://bucket/records.jsonl"
+    assert main(argv) == 2 and "--input s3://bucket/records.jsonl is not a local file" in capsys.readouterr().err
