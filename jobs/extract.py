@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     plan = preflight(config, args)  # every check; nothing written yet
     if plan.input_modified:
         print("hpd extract: warning: files of --input were modified since this job started (their modification "
-              "times differ; their sizes do not): if one was rewritten, its values in --output are the old content's "
+              "times differ): if one was rewritten, its values in --output are the old content's "
               "and a resumed job mixes the two; --overwrite starts the job over, a new --output keeps this one",
               file=sys.stderr)
     if plan.ignored:
