@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(f"hpd pick: {len(chosen)} of {len(products)} products (seed {config.seed}): "
           + ", ".join(f"{c} {n}" for c, n in sorted(per_category.items())), file=sys.stderr)
+    if len(chosen) > config.count:
+        print(f"  more than --count {config.count}: at least {config.min_per_category} of each of the "
+              f"{len(per_category)} categories (--min-per-category)", file=sys.stderr)
     print(f"  correct {args.out / DRAFT_FILE} (the model's values; n/a: none) and save it as {args.out / 'gold.jsonl'}, "
           f"then: hpd finetune --train {args.out} --init-adapter default --dtype auto --out ADAPTER", file=sys.stderr)
     print(json.dumps({"picked": len(chosen), "of": len(products), "not_in_input": missing, "seed": config.seed,

@@ -87,6 +87,8 @@ def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path
     assert [p.product.product_id for p in loaded.products] == ["2", "3"] and loaded.products[0].values == ("Zed", None)
     # a folder in use is refused by name; --seed picks another sample
     assert main(argv) == 2 and "is not a new or empty folder" in capsys.readouterr().err
+    assert main([*argv[:7], "1", *argv[8:-1], str(tmp_path / "label3")]) == 0  # --count 1, one of each of 2 categories
+    assert "more than --count 1: at least 1 of each of the 2 categories" in capsys.readouterr().err
     argv[argv.index("--seed") + 1], argv[-1] = "1", str(tmp_path / "label2")
     assert main(argv) == 0
     assert (tmp_path / "label2" / "records.jsonl").read_text() != (tmp_path / "label" / "records.jsonl").read_text()
@@ -111,6 +113,7 @@ def test_cli_takes_the_records_the_job_took_and_refuses_another_schema(tmp_path,
     captured = capsys.readouterr()
     assert json.loads(captured.out.splitlines()[-1])["not_in_input"] == 1
     assert "warning: 1 of the 3 products of" in captured.err and "(1 under another category)" in captured.err
+    assert "more than --count" not in captured.err
     picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
     assert picked == [records[1], records[3]]
     (tmp_path / "other.json").write_text(json.dumps({"Shoes": ["Maker", "Colour"], "Tea": ["Flavor"]}))
