@@ -206,17 +206,18 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
     the run trains with) or the source's. None when nothing is held out."""
     if not products:
         return None
+    from pipelines.reader import PARQUET_SUFFIXES
     from pipelines.schema import id_of
     from training import data as gold
 
     ids = {p.product.product_id for p in products}
     folder = out / VALIDATION_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    if Path(sources.records).suffix.lower() == ".parquet":  # written as JSON lines, what hpd extract reads too
+    if Path(sources.records).suffix.lower() in PARQUET_SUFFIXES:  # written as JSON lines, what hpd extract reads too
         rows = [r for r in gold.read_records(Path(sources.records)) if isinstance(r, dict) and id_of(r.get("product_id")) in ids]
         (folder / "records.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows), encoding="utf-8")
     for source, name in ((sources.records, "records.jsonl"), (sources.gold, "gold.jsonl")):
-        if not Path(source).is_file() or Path(source).suffix.lower() == ".parquet":
+        if not Path(source).is_file() or Path(source).suffix.lower() in PARQUET_SUFFIXES:
             continue
         with open(source, encoding="utf-8") as lines, open(folder / name, "w", encoding="utf-8") as kept:
             for line in lines:

@@ -22,7 +22,6 @@ from collections import Counter
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE, gold_draft
-from pipelines.reader import PARQUET_SUFFIXES
 from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, validate_record
 from training.selection import SelectionConfig, select
 
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     schema = load_schema(args.attributes)
     predictions = read_predictions(args.output)
     check_schema(args.output, schema, predictions)
-    rows = _parquet(source) if source.suffix.lower() in PARQUET_SUFFIXES else read_records(source)
+    rows = read_records(source)
     records: dict[str, dict] = {}
     other_category = 0
     for record in rows:  # the first valid copy of an id is the product, as in the job
@@ -122,9 +121,3 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"picked": len(chosen), "of": len(products), "not_in_input": missing, "seed": config.seed,
                       "per_category": dict(sorted(per_category.items())), "out": str(args.out)}))
     return 0
-
-
-def _parquet(path: Path) -> list:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()

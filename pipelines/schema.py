@@ -73,8 +73,7 @@ class AttributeSchema:
                 _check_unicode(attribute.name, f"category {category!r}: attribute name")
                 _check_unicode(attribute.description or "", f"category {category!r}: the description of {attribute.name!r},")
             if len(set(names)) != len(names):
-                twice = sorted({n for n in names if names.count(n) > 1})
-                raise ValueError(f"category {category!r}: attribute names given more than once: {twice}")
+                raise ValueError(f"category {category!r}: attribute names given more than once: {_given_twice(names)}")
 
     def attributes(self, category: str) -> tuple[Attribute, ...]:
         return self.categories[category]
@@ -125,11 +124,14 @@ def load_schema(path: str) -> AttributeSchema:
     return schema_from_text(text, path)
 
 
+def _given_twice(keys: list) -> list[str]:
+    """The keys that come more than once, sorted."""
+    return sorted({str(k) for k in keys if keys.count(k) > 1})
+
+
 def _unique_keys(pairs: list[tuple]) -> dict:
     """A JSON object's members, refused where a key comes twice (JSON itself would keep the last)."""
-    keys = [key for key, _ in pairs]
-    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
-    if twice:
+    if twice := _given_twice([key for key, _ in pairs]):
         raise ValueError(f"a key given more than once: {twice}")
     return dict(pairs)
 
@@ -146,9 +148,7 @@ def schema_from_text(text: str, source: str) -> AttributeSchema:
 
         class UniqueKeyLoader(yaml.SafeLoader):  # PyYAML keeps the last of a key given twice
             def construct_mapping(self, node, deep=False):
-                keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
-                twice = sorted({str(k) for k in keys if keys.count(k) > 1})
-                if twice:
+                if twice := _given_twice([self.construct_object(key, deep=deep) for key, _ in node.value]):
                     raise yaml.constructor.ConstructorError(None, None, f"a key given more than once: {twice}", node.start_mark)
                 return super().construct_mapping(node, deep=deep)
 

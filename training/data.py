@@ -31,6 +31,7 @@ from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
 from hpd_core.spans import in_text
 from hpd_core.types import Attribute, Product
+from pipelines.reader import PARQUET_SUFFIXES
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
 
 
@@ -69,8 +70,8 @@ def resolve_sources(train: Path, attributes: Path | None = None, gold: Path | No
 
 
 def read_records(path: Path) -> list[object]:
-    """Records from JSONL (one object per line) or Parquet."""
-    if path.suffix.lower() == ".parquet":
+    """Records from JSONL (one object per line) or Parquet (.parquet, .pq)."""
+    if path.suffix.lower() in PARQUET_SUFFIXES:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
