@@ -43,28 +43,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"of the sample (default: {defaults.seed})")
 
 
-def check_schema(output: str, schema, predictions) -> None:
+def job_validation(output: str, schema, predictions) -> ValidationConfig:
     """The schema must be the job's: by the digest its ``_job.json`` keeps (jobs.config), else by
-    the categories and attributes of its values."""
+    the categories and attributes of its values. Returns the job's record checks (``--oversize``,
+    ``--max-text-chars``; the defaults for an output without ``_job.json``)."""
     from pipelines import io
 
     marker = io.join(output, "_job.json")
     if io.exists(marker):
-        digest = (io.read_json(marker).get("arguments") or {}).get("attributes")
+        job = io.read_json(marker)
+        arguments = job.get("arguments") if isinstance(job, dict) else None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"{marker} is not an `hpd extract` job record (no arguments)")
+        digest = arguments.get("attributes")
         if digest is not None and digest != hashlib.sha256(schema.to_json().encode()).hexdigest():
             raise ValueError(f"--attributes is not the schema the job in {output} ran with: pass that one")
-        return
+        validation = arguments.get("validation")
+        known = {k: v for k, v in validation.items() if k in ValidationConfig.__dataclass_fields__} \
+            if isinstance(validation, dict) else {}
+        return ValidationConfig(**known)
     for product_id, values in predictions.values.items():
         category = predictions.categories.get(product_id)
+        if category is None:  # a hand-made file without its category: nothing to check it by
+            continue
         names = {a.name for a in schema.categories.get(category, ())}
         if category not in schema.categories or not set(values) <= names:
             raise ValueError(f"--attributes does not hold the category {category!r} or its attributes "
                              f"{sorted(set(values) - names)} of {output}: pass the job's schema")
+    return ValidationConfig()
+
+
+def _rows(source: Path):
+    """The input's records; lines that are not JSON are passed over, as the job rejects them."""
+    from datafiles.storage import read_text
+    from pipelines.reader import PARQUET_SUFFIXES
+    from training.data import read_records
+
+    if source.suffix.lower() in PARQUET_SUFFIXES:
+        yield from read_records(source)
+        return
+    for line in read_text(source).split("\n"):
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
 
 
 def run(args: argparse.Namespace) -> int:
     from datafiles.predictions import read_predictions
-    from training.data import read_records
 
     config = SelectionConfig(args.count, args.min_per_category, args.seed)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
@@ -74,18 +100,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--input {args.input} is not a local file (a .jsonl or .parquet file of records)")
     schema = load_schema(args.attributes)
     predictions = read_predictions(args.output)
-    check_schema(args.output, schema, predictions)
-    rows = read_records(source)
+    validation = job_validation(args.output, schema, predictions)
     records: dict[str, dict] = {}
+    settled: set[str] = set()
     other_category = 0
-    for record in rows:  # the first valid copy of an id is the product, as in the job
+    for record in _rows(source):  # the first valid copy of an id is the product, as in the job
         product_id = id_of(record.get("product_id")) if isinstance(record, dict) else None
-        if product_id not in predictions.values or product_id in records:
+        if product_id not in predictions.values or product_id in settled:
             continue
-        if not isinstance(validate_record(record, schema, ValidationConfig()), Accepted):
+        if not isinstance(validate_record(record, schema, validation), Accepted):
             continue
-        if record["category"] != predictions.categories.get(product_id, record["category"]):
-            other_category += 1  # not the record the job wrote
+        settled.add(product_id)
+        written = predictions.categories.get(product_id)
+        if written is not None and record["category"] != written:
+            other_category += 1  # the job wrote it under another category: not this input's record
             continue
         records[product_id] = record
     missing = len(predictions.values) - len(records)

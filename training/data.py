@@ -35,7 +35,6 @@ from pipelines.reader import PARQUET_SUFFIXES
 from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
 
 
-
 @dataclass(frozen=True)
 class TrainingData:
     """Labelled products (input order) and the attributes of each category (prompt order)."""

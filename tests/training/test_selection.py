@@ -125,3 +125,37 @@ def test_cli_takes_the_records_the_job_took_and_refuses_another_schema(tmp_path,
     assert main(argv) == 2 and "is not the schema the job in" in capsys.readouterr().err
     argv[3] = "s3://bucket/records.jsonl"
     assert main(argv) == 2 and "--input s3://bucket/records.jsonl is not a local file" in capsys.readouterr().err
+
+
+def test_cli_reads_the_input_as_the_job_did_and_accepts_the_jobs_own_schema(tmp_path, capsys):
+    """A line that is not JSON is passed over (the job rejects it); an id's first valid copy settles
+    it, even under another category than the output's; the job's `_job.json` gives the schema's
+    digest and the record checks (--oversize reject here)."""
+    import hashlib
+
+    from pipelines.schema import load_schema
+
+    lines = ['{"product_id": "a", "category": "Tea", "title": "' + "long " * 40 + '"}',  # rejected by this job
+             '{"product_id": "a", "category": "Shoes", "title": "Acme shoe"}',
+             "{not json",
+             '{"product_id": "b", "category": "Tea", "title": "filed as tea first"}',
+             '{"product_id": "b", "category": "Shoes", "title": "a later copy: a duplicate to the job"}',
+             '{"product_id": "c", "category": "Tea", "title": "green tea"}']
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "attributes.json").write_text(json.dumps({"Shoes": ["Brand"], "Tea": ["Flavor"]}))
+    output = tmp_path / "run"
+    _job_output(output, [("a", "Shoes", "Brand", "Acme"), ("b", "Shoes", "Brand", "Zed"), ("c", "Tea", "Flavor", "green")])
+    digest = hashlib.sha256(load_schema(str(tmp_path / "attributes.json")).to_json().encode()).hexdigest()
+    validation = {"max_id_chars": 256, "max_text_chars": 100, "oversize": "reject"}
+    (output / "_job.json").write_text(json.dumps({"run_id": "r", "arguments": {"attributes": digest, "validation": validation}}))
+    argv = ["pick", str(output), "--input", str(tmp_path / "records.jsonl"), "--attributes", str(tmp_path / "attributes.json"),
+            "--count", "5", "--out", str(tmp_path / "label")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["not_in_input"] == 1
+    assert "(1 under another category)" in captured.err
+    picked = [json.loads(line)["title"] for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
+    assert picked == ["Acme shoe", "green tea"]
+    (output / "_job.json").write_text(json.dumps(["not", "a", "job"]))
+    argv[-1] = str(tmp_path / "label2")
+    assert main(argv) == 2 and "is not an `hpd extract` job record" in capsys.readouterr().err
