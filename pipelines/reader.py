@@ -126,11 +126,6 @@ def list_input(uri: str) -> tuple[list[InputFile], list[str]]:
     return [f._replace(uri=to_uri(fs, f.uri)) for f in files], ignored
 
 
-def list_input_files(uri: str) -> list[InputFile]:
-    """(uri, size, modified) of every data file of the input, sorted by path."""
-    return list_input(uri)[0]
-
-
 def _modified(info: pafs.FileInfo) -> int | None:
     return None if info.mtime_ns is None else int(info.mtime_ns)
 

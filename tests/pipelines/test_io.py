@@ -260,7 +260,7 @@ def test_s3_listing_reading_and_atomic_writes(s3_server):
     client.put_object(Bucket=bucket, Key="in/sub/b.jsonl", Body=b'{"product_id": "3"}\n')
     client.put_object(Bucket=bucket, Key="in/_SUCCESS", Body=b"")
     client.put_object(Bucket=bucket, Key="in/_old/c.jsonl", Body=b'{"product_id": "4"}\n')
-    files = reader.list_input_files(f"s3://{bucket}/in")
+    files, _ = reader.list_input(f"s3://{bucket}/in")
     assert [(f.uri, f.size) for f in files] == [(f"s3://{bucket}/in/a.jsonl", 40), (f"s3://{bucket}/in/sub/b.jsonl", 20)]
     assert all(f.modified > 0 for f in files)  # S3's LastModified
     plan = reader.plan_input(ReadConfig(f"s3://{bucket}/in"))
