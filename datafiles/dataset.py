@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datafiles.storage import read_jsonl, read_text
+from pipelines import jsontext
 from pipelines.schema import id_of
 
 RECORDS_FILE = "records.jsonl"
@@ -61,7 +62,9 @@ def read_records(path: str | Path, limit: int | None = None) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = jsontext.loads(line)
+            except jsontext.KeyGivenTwice as err:
+                raise ValueError(f"{path} line {number}: {err} (JSON would keep only the last)") from err
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path} line {number}: not valid JSON ({err})") from err
             for key in ("product_id", "category", "title"):

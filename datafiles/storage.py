@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pipelines import jsontext
+
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -86,7 +88,9 @@ def read_json_lines(uri: str | Path) -> Iterator[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = jsontext.loads(line)
+        except jsontext.KeyGivenTwice as err:
+            raise ValueError(f"{uri} line {number}: {err} (JSON would keep only the last)") from err
         except json.JSONDecodeError as err:
             raise ValueError(f"{uri} line {number}: not valid JSON ({err.msg} at column {err.colno})") from err
         yield number, value

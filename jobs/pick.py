@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE, gold_draft
+from pipelines import jsontext
 from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, validate_record
 from training.selection import SelectionConfig, select
 
@@ -84,8 +85,8 @@ def _rows(source: Path):
         return
     for line in read_text(source).split("\n"):
         try:
-            yield json.loads(line)
-        except ValueError:
+            yield jsontext.loads(line)
+        except ValueError:  # a key given twice too
             continue
 
 

@@ -28,7 +28,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipelines import jsontext
 from pipelines.io import filesystem, to_uri
+from pipelines.jsontext import KeyGivenTwice
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -350,7 +352,9 @@ def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
         return RawRecord(row, raw, json.dumps(raw, default=str))
     text = raw.decode("utf-8", errors="backslashreplace").rstrip("\r\n")
     try:
-        value = json.loads(raw)
+        value = jsontext.loads(raw)
+    except KeyGivenTwice as err:
+        return RawRecord(row, None, text, f"{err} (JSON would keep only the last)")
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, huge ints, deep nesting
         return RawRecord(row, None, text, "malformed JSON line (JSON Lines: one object per line): "
                          f"{str(err)[:200] or type(err).__name__}")

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpd_core.types import Attribute, Product
+from pipelines import jsontext
+from pipelines.jsontext import given_twice
 
 OVERSIZE_POLICIES = ("truncate", "reject")
 PARTITION_COLUMN = "category"
@@ -73,7 +75,7 @@ class AttributeSchema:
                 _check_unicode(attribute.name, f"category {category!r}: attribute name")
                 _check_unicode(attribute.description or "", f"category {category!r}: the description of {attribute.name!r},")
             if len(set(names)) != len(names):
-                raise ValueError(f"category {category!r}: attribute names given more than once: {_given_twice(names)}")
+                raise ValueError(f"category {category!r}: attribute names given more than once: {given_twice(names)}")
 
     def attributes(self, category: str) -> tuple[Attribute, ...]:
         return self.categories[category]
@@ -124,23 +126,11 @@ def load_schema(path: str) -> AttributeSchema:
     return schema_from_text(text, path)
 
 
-def _given_twice(keys: list) -> list[str]:
-    """The keys that come more than once, sorted."""
-    return sorted({str(k) for k in keys if keys.count(k) > 1})
-
-
-def _unique_keys(pairs: list[tuple]) -> dict:
-    """A JSON object's members, refused where a key comes twice (JSON itself would keep the last)."""
-    if twice := _given_twice([key for key, _ in pairs]):
-        raise ValueError(f"a key given more than once: {twice}")
-    return dict(pairs)
-
-
 def schema_from_text(text: str, source: str) -> AttributeSchema:
     """Parse a schema file's text; ``source`` (its path or URI) picks JSON (``.json``) or YAML."""
     if source.lower().endswith(".json"):
         try:
-            data = json.loads(text, object_pairs_hook=_unique_keys)
+            data = jsontext.loads(text)
         except ValueError as err:  # json.JSONDecodeError too
             raise ValueError(f"attribute schema {source!r} is not valid JSON: {err}") from err
     else:
@@ -148,7 +138,7 @@ def schema_from_text(text: str, source: str) -> AttributeSchema:
 
         class UniqueKeyLoader(yaml.SafeLoader):  # PyYAML keeps the last of a key given twice
             def construct_mapping(self, node, deep=False):
-                if twice := _given_twice([self.construct_object(key, deep=deep) for key, _ in node.value]):
+                if twice := given_twice([self.construct_object(key, deep=deep) for key, _ in node.value]):
                     raise yaml.constructor.ConstructorError(None, None, f"a key given more than once: {twice}", node.start_mark)
                 return super().construct_mapping(node, deep=deep)
 

@@ -30,7 +30,8 @@ def test_read_jsonl_numbers_lines_and_skips_blanks(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("line", "message"),
-    [("{not json", "line 2: not valid JSON .* at column 2"), ("[1, 2]", "line 2: expected a JSON object, got list")],
+    [("{not json", "line 2: not valid JSON .* at column 2"), ("[1, 2]", "line 2: expected a JSON object, got list"),
+     ('{"a": {"b": 1, "b": 2}}', r"line 2: a key given more than once: \['b'\] \(JSON would keep only the last\)")],
 )
 def test_read_jsonl_errors_name_file_and_line(tmp_path: Path, line: str, message: str):
     source = tmp_path / "bad.jsonl"

@@ -55,6 +55,8 @@ def s3_job(ray_cluster, s3_server, tmp_path_factory):
         ({"product_id": "feat", "category": "Tea", "title": "x", "features": "no"}, "features must be a list"),
         ('{"product_id": "broken", "category": ', "malformed JSON line (JSON Lines: one object per line): "),
         ("[1, 2, 3]", "record must be a JSON object, got list (JSON Lines: one object per line, not an array)"),
+        ('{"product_id": "twice", "category": "Tea", "title": "Green tea", "title": "Black tea"}',
+         "a key given more than once: ['title'] (JSON would keep only the last)"),
     ]
     part0 = jsonl(good[:25] + [r for r, _ in bad_json] + good[25:])
     parquet_rows = [
@@ -113,7 +115,7 @@ def test_every_row_ends_in_exactly_one_place(s3_job):
     (duplicate,) = [r for r in rejected if r["reason"] == "duplicate product_id"]
     assert duplicate["stage"] == "dedup"
     assert json.loads(duplicate["record"]) in [dict(s3_job["dup"][0]), dict(s3_job["dup"][1])]
-    assert result["rejected_by_stage"] == {"dedup": 1, "read": 2, "validate": len(s3_job["bad_json"]) - 1}
+    assert result["rejected_by_stage"] == {"dedup": 1, "read": 3, "validate": len(s3_job["bad_json"]) - 2}  # read: csv, malformed, key twice
 
 
 def test_partitions_are_path_safe_and_stay_under_the_output(s3_job, s3_server):

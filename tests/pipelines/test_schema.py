@@ -153,3 +153,15 @@ def _encodable(text):
     except UnicodeEncodeError:
         return False
     return True
+
+
+def test_json_text_refuses_a_key_given_twice_at_any_depth():
+    from pipelines import jsontext
+
+    assert jsontext.loads(b'{"a": {"b": 1}, "c": [{"b": 2}, {"b": 3}]}') == {"a": {"b": 1}, "c": [{"b": 2}, {"b": 3}]}
+    for text in ('{"a": 1, "a": 1}', '{"x": [{"b": 1, "c": 2, "b": 3}]}', b'{"t": "x", "t": "y", "u": 1, "u": 2}'):
+        with pytest.raises(jsontext.KeyGivenTwice, match=r"a key given more than once: \[('[abtu]'(, )?)+\]"):
+            jsontext.loads(text)
+    with pytest.raises(ValueError) as caught:  # malformed JSON is not a key given twice
+        jsontext.loads('{"a": ')
+    assert not isinstance(caught.value, jsontext.KeyGivenTwice)
