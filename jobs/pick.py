@@ -4,11 +4,13 @@ catalog's products to label, for `hpd finetune --init-adapter default`.
 The choice is ``training.selection`` (a share per category, a seeded sample within it); this
 module reads an `hpd extract` output and its input, and writes an `hpd convert`-style folder:
 ``records.jsonl`` (the chosen products' records as they were), ``attributes.json`` and
-``gold-draft.jsonl`` (the model's values, to correct and save as ``gold.jsonl``). The records are
-checked as the job checked them (the first valid copy of an id is the product), and the schema
-must be the job's. It holds the output's values and the input's records in memory: pick from the
-output of a part of a large catalog (a sample file, or `hpd extract --limit`). The counts go to
-stderr, the last stdout line is one JSON summary.
+``gold-draft.jsonl`` (the model's values, to correct and save as ``gold.jsonl``). The input is the
+job's own (``_job.json`` names it, and its ``--limit``), local or ``s3://``, a file or a prefix,
+read as the job read it: the records are checked as the job checked them (the first valid copy of
+an id is the product), and the schema must be the job's. It holds the output's values and the
+records of its products, and reads the input only until it has found every product of the output:
+pick from the output of a part of a large catalog (`hpd extract --limit`, or a sample file). The
+counts go to stderr, the last stdout line is one JSON summary.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE, gold_draft
-from pipelines import jsontext
+from pipelines.reader import ReadConfig
 from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, validate_record
 from training.selection import SelectionConfig, select
 
@@ -32,8 +34,8 @@ DRAFT_FILE = "gold-draft.jsonl"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="an `hpd extract` output of the catalog (local or s3://): the products it wrote "
                         "are the candidates, and its values the draft")
-    parser.add_argument("--input", required=True, help="that job's input records: one local .jsonl (optionally "
-                        "gzipped) or .parquet file")
+    parser.add_argument("--input", help="that job's input records (default: the input its _job.json names, with its "
+                        "--limit): a file or prefix, local or s3://, as `hpd extract --input` takes; a copy of it will do")
     parser.add_argument("--attributes", required=True, help="that job's attribute schema")
     parser.add_argument("--count", required=True, type=int, help="products to pick")
     parser.add_argument("--out", required=True, type=Path, help="a new or empty folder for records.jsonl, attributes.json "
@@ -44,50 +46,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"of the sample (default: {defaults.seed})")
 
 
-def job_validation(output: str, schema, predictions) -> ValidationConfig:
-    """The schema must be the job's: by the digest its ``_job.json`` keeps (jobs.config), else by
-    the categories and attributes of its values. Returns the job's record checks (``--oversize``,
-    ``--max-text-chars``; the defaults for an output without ``_job.json``)."""
+def job_settings(output: str, schema, predictions, given: str | None) -> tuple[ValidationConfig, ReadConfig]:
+    """The job's record checks (``--oversize``, ``--max-text-chars``) and its input as it read it
+    (``--input`` if given, else the job's; the job's ``--limit``), from its ``_job.json``. The
+    schema must be the job's: by the digest ``_job.json`` keeps (jobs.config), else by the
+    categories and attributes of its values (an output without ``_job.json``: the default checks,
+    and ``--input`` is required)."""
     from pipelines import io
 
     marker = io.join(output, "_job.json")
-    if io.exists(marker):
-        job = io.read_json(marker)
-        arguments = job.get("arguments") if isinstance(job, dict) else None
-        if not isinstance(arguments, dict):
-            raise ValueError(f"{marker} is not an `hpd extract` job record (no arguments)")
-        digest = arguments.get("attributes")
-        if digest is not None and digest != hashlib.sha256(schema.to_json().encode()).hexdigest():
-            raise ValueError(f"--attributes is not the schema the job in {output} ran with: pass that one")
-        validation = arguments.get("validation")
-        known = {k: v for k, v in validation.items() if k in ValidationConfig.__dataclass_fields__} \
-            if isinstance(validation, dict) else {}
-        return ValidationConfig(**known)
-    for product_id, values in predictions.values.items():
-        category = predictions.categories.get(product_id)
-        if category is None:  # a hand-made file without its category: nothing to check it by
-            continue
-        names = {a.name for a in schema.categories.get(category, ())}
-        if category not in schema.categories or not set(values) <= names:
-            raise ValueError(f"--attributes does not hold the category {category!r} or its attributes "
-                             f"{sorted(set(values) - names)} of {output}: pass the job's schema")
-    return ValidationConfig()
+    if not io.exists(marker):
+        for product_id, values in predictions.values.items():
+            category = predictions.categories.get(product_id)
+            if category is None:  # a hand-made file without its category: nothing to check it by
+                continue
+            names = {a.name for a in schema.categories.get(category, ())}
+            if category not in schema.categories or not set(values) <= names:
+                raise ValueError(f"--attributes does not hold the category {category!r} or its attributes "
+                                 f"{sorted(set(values) - names)} of {output}: pass the job's schema")
+        if given is None:
+            raise ValueError(f"{output} has no _job.json to name its input: pass --input")
+        return ValidationConfig(), ReadConfig(given)
+    job = io.read_json(marker)
+    arguments = job.get("arguments") if isinstance(job, dict) else None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"{marker} is not an `hpd extract` job record (no arguments)")
+    digest = arguments.get("attributes")
+    if digest is not None and digest != hashlib.sha256(schema.to_json().encode()).hexdigest():
+        raise ValueError(f"--attributes is not the schema the job in {output} ran with: pass that one")
+    validation, read = (arguments.get(k) if isinstance(arguments.get(k), dict) else {} for k in ("validation", "read"))
+    uri = given or arguments.get("input")
+    if not isinstance(uri, str) or not uri:
+        raise ValueError(f"{marker} does not name the job's input: pass --input")
+    known = lambda config, values: {k: v for k, v in values.items() if k in config.__dataclass_fields__}  # noqa: E731
+    read = {k: v for k, v in known(ReadConfig, read).items() if k in ("limit", "shard_bytes", "read_block_bytes")}
+    return ValidationConfig(**known(ValidationConfig, validation)), ReadConfig(uri, **read)
 
 
-def _rows(source: Path):
-    """The input's records; lines that are not JSON are passed over, as the job rejects them."""
-    from datafiles.storage import read_text
-    from pipelines.reader import PARQUET_SUFFIXES
-    from training.data import read_records
+def job_records(read: ReadConfig, schema, validation: ValidationConfig, predictions) -> tuple[dict[str, dict], int]:
+    """The records of the output's products, as the job took them: in input order, the first
+    valid copy of an id settles it, and it is the product only under the category the output
+    wrote it in. Stops once every product of the output is settled. Also returns how many were
+    settled under another category."""
+    from pipelines import reader
 
-    if source.suffix.lower() in PARQUET_SUFFIXES:
-        yield from read_records(source)
-        return
-    for line in read_text(source).split("\n"):
-        try:
-            yield jsontext.loads(line)
-        except ValueError:  # a key given twice too
-            continue
+    wanted = predictions.values
+    records: dict[str, dict] = {}
+    settled: set[str] = set()
+    other_category = 0
+    for shard in reader.plan_input(read).shards:
+        for row in reader.iter_records(shard, read):
+            record = row.value if row.error is None else None  # the job rejects the others
+            product_id = id_of(record.get("product_id")) if isinstance(record, dict) else None
+            if product_id not in wanted or product_id in settled:
+                continue
+            if not isinstance(validate_record(record, schema, validation), Accepted):
+                continue
+            settled.add(product_id)
+            written = predictions.categories.get(product_id)
+            if written is not None and record["category"] != written:
+                other_category += 1  # the job wrote it under another category: not this input's record
+            else:
+                records[product_id] = record
+            if len(settled) == len(wanted):
+                return records, other_category
+    return records, other_category
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,30 +119,14 @@ def run(args: argparse.Namespace) -> int:
     config = SelectionConfig(args.count, args.min_per_category, args.seed)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} is not a new or empty folder")
-    source = Path(args.input)
-    if "://" in args.input or not source.is_file():
-        raise ValueError(f"--input {args.input} is not a local file (a .jsonl or .parquet file of records)")
     schema = load_schema(args.attributes)
     predictions = read_predictions(args.output)
-    validation = job_validation(args.output, schema, predictions)
-    records: dict[str, dict] = {}
-    settled: set[str] = set()
-    other_category = 0
-    for record in _rows(source):  # the first valid copy of an id is the product, as in the job
-        product_id = id_of(record.get("product_id")) if isinstance(record, dict) else None
-        if product_id not in predictions.values or product_id in settled:
-            continue
-        if not isinstance(validate_record(record, schema, validation), Accepted):
-            continue
-        settled.add(product_id)
-        written = predictions.categories.get(product_id)
-        if written is not None and record["category"] != written:
-            other_category += 1  # the job wrote it under another category: not this input's record
-            continue
-        records[product_id] = record
+    validation, read = job_settings(args.output, schema, predictions, args.input)
+    records, other_category = job_records(read, schema, validation, predictions)
     missing = len(predictions.values) - len(records)
     if not records:
-        raise ValueError(f"no product of {args.output} is in --input {args.input}: pass the job's own input")
+        raise ValueError(f"no product of {args.output} is in its input {read.uri} as the job read it: "
+                         "pass the job's own input (--input)")
     products = [(product_id, record["category"]) for product_id, record in records.items()]
     chosen = select(products, config)
 
@@ -138,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     per_category = Counter(categories[p] for p in chosen)
     if missing:
         print(f"hpd pick: warning: {missing} of the {len(predictions.values)} products of {args.output} are not in "
-              f"--input as the job read them ({other_category} under another category): is it the job's input?",
+              f"{read.uri} as the job read it ({other_category} under another category): is it the job's input?",
               file=sys.stderr)
     print(f"hpd pick: {len(chosen)} of {len(products)} products (seed {config.seed}): "
           + ", ".join(f"{c} {n}" for c, n in sorted(per_category.items())), file=sys.stderr)

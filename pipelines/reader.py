@@ -361,6 +361,13 @@ def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
     return RawRecord(row, value, text)
 
 
+def iter_records(shard: Shard, config: ReadConfig) -> Iterator[RawRecord]:
+    """A shard's rows in file order, parsed, each with its index in the shard (the order the
+    duplicate rule goes by: file, shard, row), whatever ``group_chunks`` is."""
+    for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
+        yield parse_raw(row, raw)
+
+
 def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozenset()):
     """Yield ``(index, records)`` per chunk, records in row order; ``records`` is None for chunks in
     ``skip``. With ``group_chunks`` > 1, rows grouped by category over windows (module doc)."""

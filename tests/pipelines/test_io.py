@@ -97,6 +97,16 @@ def test_grouped_chunks_hold_every_row_once_grouped_by_category(tmp_path, seed, 
         assert [r for chunk in rows for r in chunk] == list(range(n))
 
 
+def test_records_come_in_file_order_whatever_the_grouping(tmp_path):
+    categories = ["A", "B", "A", "C", "B", "A"]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"product_id": str(i), "category": c}) + "\n"
+                                               for i, c in enumerate(categories)))
+    config = ReadConfig(str(tmp_path / "in.jsonl"), chunk_rows=2, group_chunks=3)
+    records = [r for shard in plan_shards(config) for r in reader.iter_records(shard, config)]
+    assert [(r.row, r.value["product_id"]) for r in records] == [(i, str(i)) for i in range(6)]
+    assert [r.value["product_id"] for r in rows_of(config)] == ["0", "2", "1", "5", "3", "4"]  # grouped A A | A B | B C
+
+
 def test_grouped_windows_and_chunks_close_on_bytes(tmp_path):
     path = tmp_path / "in.jsonl"  # lines of 48 bytes, categories b, a, b, a, ...
     path.write_text("".join(json.dumps({"category": "ab"[i % 2 == 0], "pad": "x" * (12 - len(str(i))), "i": i}) + "\n"

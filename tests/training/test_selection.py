@@ -123,8 +123,9 @@ def test_cli_takes_the_records_the_job_took_and_refuses_another_schema(tmp_path,
     (output / "_job.json").write_text(json.dumps({"run_id": "r", "arguments": {"attributes": "0" * 64}}))
     argv[5] = str(tmp_path / "attributes.json")
     assert main(argv) == 2 and "is not the schema the job in" in capsys.readouterr().err
-    argv[3] = "s3://bucket/records.jsonl"
-    assert main(argv) == 2 and "--input s3://bucket/records.jsonl is not a local file" in capsys.readouterr().err
+    (output / "_job.json").unlink()
+    del argv[2:4]  # no --input, and no _job.json to name it
+    assert main(argv) == 2 and "has no _job.json to name its input: pass --input" in capsys.readouterr().err
 
 
 def test_cli_reads_the_input_as_the_job_did_and_accepts_the_jobs_own_schema(tmp_path, capsys):
@@ -159,3 +160,53 @@ def test_cli_reads_the_input_as_the_job_did_and_accepts_the_jobs_own_schema(tmp_
     (output / "_job.json").write_text(json.dumps(["not", "a", "job"]))
     argv[-1] = str(tmp_path / "label2")
     assert main(argv) == 2 and "is not an `hpd extract` job record" in capsys.readouterr().err
+
+
+def _job_record(output: Path, attributes: Path, **arguments) -> None:
+    import hashlib
+
+    from pipelines.schema import load_schema
+
+    digest = hashlib.sha256(load_schema(str(attributes)).to_json().encode()).hexdigest()
+    (output / "_job.json").write_text(json.dumps({"run_id": "r", "arguments": {"attributes": digest, **arguments}}))
+
+
+def test_cli_reads_the_jobs_own_input_from_s3_files_and_parquet(tmp_path, s3_server, capsys):
+    """Without --input, the input `_job.json` names: a prefix of JSON Lines and Parquet files on S3,
+    read in the job's order and within its --limit."""
+    bucket = s3_server.make_bucket("pick")
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="in/a.jsonl", Body=b'{"product_id": "a", "category": "Tea", "title": "green tea"}\n'
+                      b'{"product_id": "b", "category": "Shoes", "title": "Acme shoe", "title": "twice"}\n')
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({"product_id": [7, 8], "category": ["Shoes", "Tea"], "title": ["Zed shoe", "past the limit"],
+                             "features": [["leather"], None]}), buffer)
+    client.put_object(Bucket=bucket, Key="in/b.parquet", Body=buffer.getvalue().to_pybytes())
+    (tmp_path / "attributes.json").write_text(json.dumps({"Shoes": ["Brand"], "Tea": ["Flavor"]}))
+    output = tmp_path / "run"
+    _job_output(output, [("a", "Tea", "Flavor", "green"), ("7", "Shoes", "Brand", "Zed"), ("8", "Tea", "Flavor", None)])
+    _job_record(output, tmp_path / "attributes.json", input=f"s3://{bucket}/in/", read={"limit": 3, "chunk_rows": 5})
+    argv = ["pick", str(output), "--attributes", str(tmp_path / "attributes.json"), "--count", "5", "--out", str(tmp_path / "label")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["not_in_input"] == 1  # 8 lies past the job's --limit 3
+    assert f"1 of the 3 products of {output} are not in s3://{bucket}/in/ as the job read it" in captured.err
+    picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
+    assert picked == [{"product_id": "a", "category": "Tea", "title": "green tea"},
+                      {"product_id": 7, "category": "Shoes", "title": "Zed shoe", "features": ["leather"]}]
+
+
+def test_cli_stops_reading_once_every_product_is_found(tmp_path, capsys, monkeypatch):
+    from pipelines import reader
+
+    lines = [{"product_id": f"p{i}", "category": "Tea", "title": f"tea {i}"} for i in range(50)]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "attributes.json").write_text(json.dumps({"Tea": ["Flavor"]}))
+    output = tmp_path / "run"
+    _job_output(output, [(f"p{i}", "Tea", "Flavor", None) for i in range(3)])
+    _job_record(output, tmp_path / "attributes.json", input=str(tmp_path / "records.jsonl"))
+    parsed = []
+    monkeypatch.setattr(reader, "parse_raw", lambda row, raw, parse=reader.parse_raw: parsed.append(row) or parse(row, raw))
+    argv = ["pick", str(output), "--attributes", str(tmp_path / "attributes.json"), "--count", "2", "--out", str(tmp_path / "label")]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["of"] == 3 and parsed == [0, 1, 2]
