@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from pipelines import jsontext
 from pipelines.io import filesystem, to_uri
-from pipelines.jsontext import KeyGivenTwice
+from pipelines.jsontext import KeyGivenTwice, given_twice
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -277,8 +277,11 @@ def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable
             meta = parquet.metadata
             data_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
             rows_per_batch = max(1, block_bytes * max(1, meta.num_rows) // max(1, data_bytes))
-            for batch in parquet.iter_batches(batch_size=rows_per_batch):
-                for row in _batch_rows(batch, shard.uri, produced):
+            twice = given_twice(parquet.schema_arrow.names)  # a row as a dict would keep the last
+            for batch in parquet.iter_batches(batch_size=rows_per_batch, columns=[] if twice else None):
+                rows = [_Unreadable(shard.uri, f"a column given more than once in the file: {twice}", produced + i)
+                        for i in range(batch.num_rows)] if twice else _batch_rows(batch, shard.uri, produced)
+                for row in rows:
                     produced += 1
                     yield row
     except (pa.ArrowInvalid, OSError) as err:

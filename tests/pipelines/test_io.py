@@ -211,6 +211,18 @@ def test_a_parquet_string_that_is_not_utf8_rejects_its_row_alone(tmp_path):
     assert [r.row for r in got] == [0, 1, 2]
 
 
+def test_a_parquet_file_that_gives_a_column_twice_rejects_each_row(tmp_path):
+    """A row read as a dict would keep the last of two columns of one name: each row is rejected."""
+    table = pa.Table.from_arrays([pa.array([f"p{i}" for i in range(5)]), pa.array(["Tea"] * 5), pa.array(["a"] * 5),
+                                  pa.array(["b"] * 5)], names=["product_id", "category", "title", "title"])
+    pq.write_table(table, tmp_path / "twice.parquet", row_group_size=2)
+    config = ReadConfig(str(tmp_path / "twice.parquet"), read_block_bytes=16)
+    records = [r for shard in plan_shards(config) for r in reader.iter_records(shard, config)]
+    assert [(r.row, r.value, r.error) for r in records] == [
+        (i, None, "a column given more than once in the file: ['title']") for i in range(5)]
+    assert [json.loads(r.text)["row"] for r in records] == list(range(5))
+
+
 @pytest.mark.parametrize("damage", ["cut", "not-gzip"])
 def test_a_gzip_file_that_does_not_decompress_is_a_rejected_row(tmp_path, damage):
     """A .jsonl.gz cut short (a partial upload) or not gzip at all: the rest of the file is one
