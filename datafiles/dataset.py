@@ -13,13 +13,11 @@ Errors are ``ValueError``s that name the file and the 1-based line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from datafiles.storage import read_jsonl, read_text
-from pipelines import jsontext
 from pipelines.schema import id_of
 
 RECORDS_FILE = "records.jsonl"
@@ -53,24 +51,17 @@ def validate_target_scores(target_scores: object, where: str) -> dict[str, dict[
 
 
 def read_records(path: str | Path, limit: int | None = None) -> list[dict]:
-    """``records.jsonl`` rows (the first ``limit``); errors name the 1-based line."""
+    """``records.jsonl`` rows (the first ``limit``); errors name the 1-based line. An integer
+    ``product_id`` reads as its decimal string, as the job reads it."""
     rows: list[dict] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = jsontext.loads(line)
-            except jsontext.KeyGivenTwice as err:
-                raise ValueError(f"{path} line {number}: {err} (JSON would keep only the last)") from err
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not valid JSON ({err})") from err
-            for key in ("product_id", "category", "title"):
-                if not isinstance(row.get(key), str) or not row[key]:
-                    raise ValueError(f"{path} line {number}: '{key}' must be a non-empty string")
-            rows.append(row)
+    for number, row in read_jsonl(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        row = {**row, "product_id": id_of(row.get("product_id"))}
+        for key in ("product_id", "category", "title"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise ValueError(f"{path} line {number}: '{key}' must be a non-empty string")
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no records")
     return rows
