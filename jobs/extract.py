@@ -279,6 +279,9 @@ def run(args: argparse.Namespace) -> int:
         print(_summary(report, output))
         return 0
     if args.overwrite and plan.existing_run is not None:
+        from pipelines import attempts
+
+        attempts.refuse_if_running(output, None, attempts.HEARTBEAT_SECONDS)  # not the files of a job at work
         print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
         commit.discard(output)
     if plan.empty:

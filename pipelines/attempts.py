@@ -4,10 +4,17 @@
 _attempts/<started>-<host>-<pid>.json   started_at, updated_at, wall_seconds, device, devices, price_per_hour
 ```
 
-A record is written when an attempt starts, refreshed every ``heartbeat_seconds`` while it runs
-and once more at its end, so an attempt killed at any point still counts up to its last refresh.
-The report sums them: wall time, device time and cost describe the whole job, however many times it
-was resumed. A re-run of a finished job does no work and records no attempt.
+A record is written when an attempt starts (before the id index: ``devices`` 0 until its actors
+are sized), refreshed every ``heartbeat_seconds`` while it runs and once more at its end (with
+``ended``), so an attempt killed at any point still counts up to its last refresh. The report
+sums them: wall time, device time and cost describe the whole job, however many times it was
+resumed. A re-run of a finished job does no work and records no attempt.
+
+The records are also the output's lease: two attempts on one output at once would write the same
+chunks (and one that failed would delete the other's files), so an attempt that finds another one
+running (``running``: not ended, refreshed within the last ``3 x heartbeat_seconds``, and, on the
+same host, its process still there) gives way. Each writes its record first and looks second, so
+of two started together at least the later one sees the other (both may give way; neither runs).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pipelines import io
 
 log = logging.getLogger("hpd.extract")
 DIRECTORY = "_attempts"
+HEARTBEAT_SECONDS = 15.0  # ProgressConfig.heartbeat_seconds's default
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class Attempt:
     device: str  # "gpu" or "cpu"
     devices: float  # GPUs, or vCPUs the actors compute on
     price_per_hour: float  # per device-hour
+    ended: bool = False  # its last record: it ran to its end, failed or was interrupted (not killed)
 
     @property
     def wall_seconds(self) -> float:
@@ -66,14 +75,64 @@ def refresh(output: str, attempt: Attempt) -> Attempt:
     return save(output, replace(attempt, updated_at=time.time()))
 
 
+def remove(output: str, attempt: Attempt) -> None:
+    """Delete an attempt's record: one that gave way, or found the job finished, did no work."""
+    io.delete_if_exists(io.join(output, DIRECTORY, f"{attempt.name}.json"))
+
+
 def load_all(output: str) -> list[Attempt]:
     """Every attempt recorded under ``output``, oldest first."""
     attempts = []
     for uri in io.list_files(io.join(output, DIRECTORY)):
         if uri.endswith(".json"):
             data = io.read_json(uri)
-            attempts.append(Attempt(**{name: data[name] for name in Attempt.__dataclass_fields__}))
+            attempts.append(Attempt(**{name: data[name] for name in Attempt.__dataclass_fields__ if name in data}))
     return sorted(attempts, key=lambda a: a.started_at)
+
+
+def _host_and_pid(name: str) -> tuple[str, int | None]:
+    """The host and process id in a record's name (``name_for``); a host name may hold hyphens."""
+    _, _, rest = name.partition("-")
+    host, _, pid = rest.rpartition("-")
+    return host, int(pid) if pid.isdigit() else None
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def running(output: str, mine: Attempt | None, heartbeat_seconds: float, now: float | None = None) -> list[Attempt]:
+    """The attempts on ``output`` other than ``mine`` (None: any) that may still be running: not ended,
+    refreshed within the last ``3 x heartbeat_seconds`` (by their host's clock), and, where they ran
+    on this host, whose process is still there (a driver killed here gives way at once)."""
+    now = time.time() if now is None else now
+    found = []
+    for other in load_all(output):
+        if (mine is not None and other.name == mine.name) or other.ended or now - other.updated_at > 3 * heartbeat_seconds:
+            continue
+        host, pid = _host_and_pid(other.name)
+        if host == socket.gethostname() and pid is not None and not _process_exists(pid):
+            continue
+        found.append(other)
+    return found
+
+
+def refuse_if_running(output: str, mine: Attempt | None, heartbeat_seconds: float) -> None:
+    """Raise ``ValueError`` naming another attempt still running on ``output``."""
+    if others := running(output, mine, heartbeat_seconds):
+        other = others[-1]
+        host, pid = _host_and_pid(other.name)
+        raise ValueError(
+            f"another `hpd extract` is working on {output} (attempt {other.name}: host {host}, pid {pid}, last "
+            f"seen {max(0.0, time.time() - other.updated_at):.0f} s ago): two at once would write the same chunks. "
+            f"Wait for it to end or stop it; a driver killed on another host counts as running for "
+            f"{3 * heartbeat_seconds:.0f} s after its last sign of life")
 
 
 class Heartbeat:
@@ -82,6 +141,7 @@ class Heartbeat:
     def __init__(self, output: str, attempt: Attempt, seconds: float) -> None:
         self.output, self.attempt, self.seconds = output, attempt, seconds
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # ``sized`` from the job's thread, refreshes from this one
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -92,16 +152,26 @@ class Heartbeat:
     def _refresh(self) -> None:
         # any error of the store (boto3's ClientError or EndpointConnectionError are not OSErrors):
         # a missed refresh only shortens this attempt's recorded time if the run is killed later
-        try:
-            self.attempt = refresh(self.output, self.attempt)
-        except Exception as err:
-            self.attempt = replace(self.attempt, updated_at=time.time())  # the report still counts it
-            log.warning("could not refresh the attempt record: %s: %s", type(err).__name__, err)
+        with self._lock:
+            try:
+                self.attempt = refresh(self.output, self.attempt)
+            except Exception as err:
+                self.attempt = replace(self.attempt, updated_at=time.time())  # the report still counts it
+                log.warning("could not refresh the attempt record: %s: %s", type(err).__name__, err)
+
+    def sized(self, device: str, devices: float, price_per_hour: float) -> None:
+        """The devices the attempt's actors compute on, once they are sized (written next refresh)."""
+        with self._lock:
+            self.attempt = replace(self.attempt, device=device, devices=devices, price_per_hour=price_per_hour)
 
     def stop(self) -> Attempt:
-        """The attempt as of now, its record refreshed once more (a failure to write it is logged:
-        the job's report, written next, holds the same time)."""
+        """The attempt as of now, its record refreshed once more and marked ended (a failure to
+        write it is logged: the job's report, written next, holds the same time). Stopping again
+        returns the same attempt and writes nothing."""
+        if self._stop.is_set():
+            return self.attempt
         self._stop.set()
         self._thread.join()
+        self.attempt = replace(self.attempt, ended=True)
         self._refresh()
         return self.attempt

@@ -418,13 +418,34 @@ def run_job(
     allow_slow_chunks()
     one_block_per_chunk()
     resumed = commit.claim_output(output.uri, output.run_id, arguments)
+    heartbeat = begin_attempt(output, resources, report, progress, started)
     try:
         return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,
-                    resumed, started)
+                    resumed, heartbeat)
     except BaseException:
-        if not commit.scan(output.uri).manifests:  # nothing committed: leave no _job.json behind
+        attempt = heartbeat.stop()
+        # a job this attempt began that committed nothing leaves nothing behind (not even a finished
+        # id index: the corrected command may differ), unless another attempt works on it now
+        if not resumed and not commit.scan(output.uri).manifests \
+                and not attempts.running(output.uri, attempt, progress.heartbeat_seconds):
             commit.discard(output.uri)
         raise
+
+
+def begin_attempt(output: commit.OutputConfig, resources: ResourceConfig, report: ReportConfig,
+                  progress: ProgressConfig, started: float) -> attempts.Heartbeat:
+    """Record this attempt and keep its record fresh: the output's lease (pipelines/attempts.py).
+    Gives way (``ValueError``, its record removed) to another attempt running on the output, and
+    to another run that claimed the output beside this one."""
+    device = "gpu" if resources.device == "gpu" else "cpu"  # "auto": decided, with the devices, once sized
+    attempt = attempts.begin(output.uri, device, 0, report.price(device), started)
+    try:
+        attempts.refuse_if_running(output.uri, attempt, progress.heartbeat_seconds)
+        commit.check_claim(output.uri, output.run_id)
+    except BaseException:
+        attempts.remove(output.uri, attempt)
+        raise
+    return attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
 
 
 def _rows(shard: reader.Shard, index: idindex.ShardIndex) -> int:
@@ -432,12 +453,13 @@ def _rows(shard: reader.Shard, index: idindex.ShardIndex) -> int:
     return min(index.rows, shard.max_rows or index.rows)
 
 
-def _run(prepare, extract, output, report, resources, skip_existing, progress, stream, resumed, started) -> dict:
+def _run(prepare, extract, output, report, resources, skip_existing, progress, stream, resumed, heartbeat) -> dict:
     state = commit.scan(output.uri) if resumed else commit.ResumeState()
     planned = reader.plan_shards(prepare.read)
     report_uri = io.join(output.uri, "_report.json")
     if all(state.complete(shard.shard_id) for shard in planned) and io.exists(report_uri):
         log.info("run %s is complete; nothing to do", output.run_id)
+        attempts.remove(output.uri, heartbeat.stop())  # it did no work
         return io.read_json(report_uri)
     check_cluster(ray.cluster_resources(), resources)  # before the id index's tasks ask for CPUs
     try:  # from the request for GPUs on, withdrawn however the job ends (an autoscaler keeps a request)
@@ -462,8 +484,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
                  len(shards), len(state.manifests), sizing.actors, sizing.device)
         rows = sum(_rows(shard, idx) for shard, idx in todo)  # less when resumed
         extract = extract.sized_for(rows / sizing.actors)
-        attempt = attempts.begin(output.uri, sizing.device, sizing.devices, report.price(sizing.device), started)
-        heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
+        heartbeat.sized(sizing.device, sizing.devices, report.price(sizing.device))
         counter = ProgressCounter.remote()
         try:
             previous = _committed(state.manifests, resources.io_cpus)

@@ -131,6 +131,16 @@ def claim_output(output: str, run_id: str, arguments: dict) -> bool:
     return False
 
 
+def check_claim(output: str, run_id: str) -> None:
+    """``_job.json`` still names this run: another run that claimed the output at the same moment
+    may have written its own over it (refused, never mixed)."""
+    marker = io.join(output, "_job.json")
+    found = io.read_json(marker).get("run_id") if io.exists(marker) else None
+    if found != run_id:
+        raise ValueError(f"{output} was claimed by another run ({found}) while this one ({run_id}) started: "
+                         "use a new --output")
+
+
 def discard(output: str) -> None:
     """Delete everything under ``output`` (the folder itself stays): --overwrite, or a failed run
     that committed nothing. Only called on outputs that hold an hpd extract job (``_job.json``) or

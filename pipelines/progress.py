@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import ray
 
-from pipelines import reader
+from pipelines import attempts, reader
 
 
 @ray.remote(num_cpus=0)
@@ -67,7 +67,7 @@ class ProgressConfig:
     tty_seconds: float = 1.0
     log_seconds: float = 10.0
     exact_bytes: int = 64 << 20
-    heartbeat_seconds: float = 15.0
+    heartbeat_seconds: float = attempts.HEARTBEAT_SECONDS
 
     def __post_init__(self) -> None:
         for name in ("tty_seconds", "log_seconds", "exact_bytes", "heartbeat_seconds"):

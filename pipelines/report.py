@@ -109,7 +109,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     """The report as a JSON-able dict: counters of the whole job, time and cost summed over its
     ``attempts`` (pipelines.attempts.Attempt, ``current`` among them), ``this_run`` for ``current``."""
     products = total.counts["products_out"]
-    kinds = sorted({a.device for a in attempts})
+    kinds = sorted({a.device for a in attempts if a.devices} or {current.device})  # not attempts stopped before sizing
     device_seconds = sum(a.device_seconds for a in attempts)
     usd = sum(a.usd for a in attempts)
     run_products = this_run.counts["products_out"]

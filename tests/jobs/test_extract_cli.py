@@ -17,7 +17,7 @@ import pytest
 
 from jobs import checks, extract
 from jobs.quiet import StderrFilter
-from pipelines import io
+from pipelines import attempts, io
 from pipelines.build import ResourceConfig
 from tests.pipelines.helpers import (
     REPO,
@@ -394,6 +394,29 @@ def test_ctrl_c_or_sigterm_stops_without_a_traceback_and_the_run_resumes(ray_clu
     assert run_extract(argv) == 0
     result = report(output)
     assert result["rows_in"] == len(records) == result["products_out"] and result["attempts"] == 2
+
+
+def test_a_second_attempt_beside_a_running_one_gives_way_and_leaves_its_files(ray_cluster, tmp_path, capsys):
+    """Two attempts on one output would write the same chunks, and one that failed with nothing
+    committed used to delete the other's files (helper-27, session 51)."""
+    records = [dict(r, product_id=f"y{i}") for i, r in enumerate(sample_records())]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records))
+    output = str(tmp_path / "out")
+    argv = extract_args(source, output, "--chunk-rows", 40, "--dry-run-seconds-per-prompt", 0.5)
+    driver = start_extract(argv, ray_cluster.address, {"RAY_DATA_AUTOSCALING_REQUEST_EXPIRE_TIME_S": "15"})
+    wait_for(lambda: io.exists(io.join(output, "_dedup", "_index.json")) or driver.poll() is not None, "the first's index")
+    assert run_extract(argv) == 2
+    assert "another `hpd extract` is working on" in capsys.readouterr().err
+    assert run_extract([*argv, "--overwrite"]) == 2  # nor is a job at work deleted
+    assert "another `hpd extract` is working on" in capsys.readouterr().err
+    log = driver.communicate(timeout=WAIT_SECONDS)[0].decode()
+    assert driver.returncode == 0, log[-3000:]
+    result = report(output)
+    assert result["products_out"] == len(records) and result["attempts"] == 1
+    assert sorted(read_attributes(output).column("product_id").unique().to_pylist()) == sorted(r["product_id"] for r in records)
+    assert run_extract(argv) == 0  # finished: the next run is told so, and records no attempt
+    assert report(output)["attempts"] == 1 and len(attempts.load_all(output)) == 1
 
 
 def test_quickstart_twice_with_and_without_limit(ray_cluster, tmp_path):

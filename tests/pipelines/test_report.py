@@ -119,6 +119,47 @@ def test_attempt_records_round_trip(tmp_path):
     assert [a.name for a in loaded] == [first.name, second.name] and loaded[0].wall_seconds == 60.0
 
 
+def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    output, now = str(tmp_path / "out"), time.time()
+    mine = attempts.begin(output, "cpu", 0, 0.0425, started_at=now)
+    here = lambda pid: f"{int(now * 1000) - 5:015d}-{socket.gethostname()}-{pid}"  # noqa: E731
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    records = {
+        "elsewhere": attempts.Attempt(f"{int(now * 1000) - 1:015d}-other-host-7", now - 1, now - 10, "gpu", 1, 3.77),
+        "quiet": attempts.Attempt(f"{int(now * 1000) - 2:015d}-other-host-8", now - 99, now - 46, "gpu", 1, 3.77),
+        "ended": attempts.Attempt(f"{int(now * 1000) - 3:015d}-other-host-9", now - 9, now - 1, "gpu", 1, 3.77, ended=True),
+        "dead here": attempts.Attempt(here(int(gone.stdout)), now - 5, now - 1, "cpu", 2, 0.0425),
+        "alive here": attempts.Attempt(here(os.getppid()), now - 5, now - 1, "cpu", 2, 0.0425),
+    }
+    for record in records.values():
+        attempts.save(output, record)
+    found = {a.name for a in attempts.running(output, mine, heartbeat_seconds=15)}
+    assert found == {records["elsewhere"].name, records["alive here"].name}  # never mine
+    assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found | {mine.name}
+    with pytest.raises(ValueError, match=r"another `hpd extract` is working on .*out \(attempt .*: host other-host, "
+                       r"pid 7, last seen 10 s ago\).*counts as running for 45 s"):
+        attempts.refuse_if_running(output, mine, heartbeat_seconds=15)
+    attempts.remove(output, records["elsewhere"])
+    attempts.remove(output, records["alive here"])
+    attempts.refuse_if_running(output, mine, heartbeat_seconds=15)  # nothing else running
+
+
+def test_a_heartbeat_marks_its_attempt_ended_and_sizes_it(tmp_path):
+    output = str(tmp_path)
+    heartbeat = attempts.Heartbeat(output, attempts.begin(output, "cpu", 0, 0.0425, started_at=time.time()), seconds=0.01)
+    heartbeat.sized("gpu", 4, 3.77)
+    time.sleep(0.05)
+    (record,) = attempts.load_all(output)
+    assert (record.device, record.devices, record.ended) == ("gpu", 4, False)
+    stopped = heartbeat.stop()
+    assert stopped.ended and attempts.load_all(output) == [stopped] and heartbeat.stop() == stopped
+
+
 def test_a_heartbeat_survives_a_store_that_fails_with_any_error(tmp_path, monkeypatch, caplog):
     """boto3's errors (ClientError, EndpointConnectionError) are not OSErrors: a refresh that fails
     with one is logged, the thread goes on, and ``stop`` returns the attempt as of now."""
