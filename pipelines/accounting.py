@@ -12,8 +12,8 @@ write:
 - the rejected table has one row per rejected row; the counters agree with the ledger.
 
 Counts alone can cancel (one row dropped, another duplicated); identities cannot. A chunk that
-fails the check is not committed: its task fails, Ray retries it, and a job whose chunk keeps
-failing stops with the message.
+fails the check is not committed: its task fails and the job stops with the message (Ray Data
+does not retry an error the task raises; a resume does the chunk again).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Failures are per prompt: a decoder call that raises is retried with each of its 
 become rejected rows (stage ``extract``) with the error as the reason; a prompt the engine itself
 reports as failed (``Result.error``, e.g. it does not fit in device memory even alone, after the
 engine's own split-and-retry) is rejected at once. When every prompt of a call fails alone the
-decoder itself is broken: the chunk fails (Ray retries it, then the job stops) rather than rejecting
+decoder itself is broken: the chunk fails and the job stops (a resume tries it again) rather than rejecting
 the whole catalog; a call whose only prompt fails is told apart from a broken decoder by a probe
 (``ExtractStage._probed``).
 
@@ -275,7 +275,7 @@ class ExtractStage:
         made-up product of the first prompt's category. A call of one prompt (a chunk's last, or
         with ``decode_attempts`` 1 any call) cannot tell a bad prompt from a broken decoder (a GPU
         after a device-side assert) by itself; committing its products as rejected would lose them
-        for good. A probe that fails too fails the chunk (Ray retries it, then the job stops)."""
+        for good. A probe that fails too fails the chunk, and the job stops (a resume tries it again)."""
         if not all(isinstance(outcome, str) for outcome in outcomes):
             return outcomes
         probe = replace(requests[0], products=(Product(PROBE_ID, "probe", None, ()),))

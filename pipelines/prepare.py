@@ -127,8 +127,13 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]
         skip = frozenset(shard_row.pop("skip"))
         verdicts = shard_verdicts(from_json(shard_row.pop("index")))
         shard = reader.Shard(**shard_row)
-        chunks = 0
-        for index, records in reader.iter_chunks(shard, config.read, skip):
+        chunks, read = 0, reader.iter_chunks(shard, config.read, skip)
+        while True:
+            try:
+                index, records = next(read)
+            except StopIteration as end:
+                rows_read = end.value
+                break
             chunks += 1
             if records is None:  # committed by an earlier attempt
                 continue
@@ -137,4 +142,9 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]
             payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
             chunk = {"chunk": key, "shard": shard.shard_id, "index": index, "rows_in": len(rows), "payload": payload}
             yield pa.Table.from_pylist([chunk], schema=CHUNK_SCHEMA)
+        expected = min(len(verdicts), shard.max_rows or len(verdicts))
+        if rows_read != expected:  # fewer: a read cut short that did not raise; never mark such a shard read
+            raise RuntimeError(f"read {rows_read} rows of {shard.uri} (bytes {shard.start}-{shard.end}) where the id "
+                               f"index counted {expected}: the input changed or could not be read whole; "
+                               "run the same command again to resume, or use a new --output if it changed")
         mark_shard_read(config.output_uri, shard.shard_id, chunks)

@@ -210,11 +210,17 @@ class _Unreadable:
         self.error = error
 
 
+def from_the_store(err: BaseException) -> bool:
+    """An error of the store or the operating system (S3's, pyarrow's messages say "AWS Error"; an
+    I/O error, a file gone), not of the file's bytes: it is raised, and stops the job (a resume
+    reads the file again), never taken for a corrupt file whose rest is one rejected row."""
+    return "AWS Error" in str(err) or getattr(err, "errno", None) is not None
+
+
 def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes | _Unreadable]:
     """Non-blank lines whose first byte lies in [start, end) (gzip files: the whole file). A gzip
     file that cannot be decompressed (cut short, or not gzip at all) ends in one unreadable row for
-    the rest of it; errors from the store (pyarrow's S3 messages say "AWS Error") are raised, so
-    that Ray retries the task."""
+    the rest of it; errors from the store (``from_the_store``) are raised."""
     fs, path = filesystem(shard.uri)
     if shard.kind != "jsonl.gz":
         yield from _lines(fs.open_input_file(path), shard.start, shard.end, block_bytes)
@@ -225,7 +231,7 @@ def _jsonl_lines(shard: Shard, block_bytes: int) -> Iterator[bytes | _Unreadable
             produced += 1
             yield line
     except (OSError, EOFError) as err:  # pyarrow: "Truncated compressed stream", "zlib inflate failed"
-        if "AWS Error" in str(err):
+        if from_the_store(err):
             raise
         where = f"after row {produced}" if produced else "at its start"
         yield _Unreadable(shard.uri, f"malformed gzip file ({where}): {err}")
@@ -266,8 +272,8 @@ def _lines(stream, position: int, end: int | None, block_bytes: int) -> Iterator
 def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable]:
     """Rows of a Parquet file as dicts; a corrupt file (or the rest of one) becomes one bad row.
 
-    Errors that come from the store rather than the bytes (pyarrow's S3 messages say "AWS Error")
-    are raised, so that Ray retries the task instead of rejecting readable data.
+    Errors that come from the store rather than the bytes (``from_the_store``) are raised: the job
+    stops (a resume reads the file again) instead of rejecting readable data.
     """
     fs, path = filesystem(shard.uri)
     produced = 0
@@ -285,7 +291,7 @@ def _parquet_rows(shard: Shard, block_bytes: int) -> Iterator[dict | _Unreadable
                     produced += 1
                     yield row
     except (pa.ArrowInvalid, OSError) as err:
-        if "AWS Error" in str(err):
+        if from_the_store(err):
             raise
         where = f"after row {produced}" if produced else "at open"
         yield _Unreadable(shard.uri, f"malformed Parquet file ({where}): {err}")
@@ -373,10 +379,10 @@ def iter_records(shard: Shard, config: ReadConfig) -> Iterator[RawRecord]:
 
 def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozenset()):
     """Yield ``(index, records)`` per chunk, records in row order; ``records`` is None for chunks in
-    ``skip``. With ``group_chunks`` > 1, rows grouped by category over windows (module doc)."""
+    ``skip``. With ``group_chunks`` > 1, rows grouped by category over windows (module doc). The
+    generator's value (``StopIteration.value``) is the number of rows read, skipped chunks' too."""
     if config.group_chunks > 1:
-        yield from _grouped_chunks(shard, config, skip)
-        return
+        return (yield from _grouped_chunks(shard, config, skip))
     index, pending, size, first_row = 0, [], 0, 0
     for row, raw in enumerate(_raw_rows(shard, config.read_block_bytes)):
         pending.append(raw)
@@ -386,6 +392,7 @@ def iter_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int] = frozens
             index, pending, size, first_row = index + 1, [], 0, row + 1
     if pending:
         yield index, _finish(index, pending, first_row, skip)
+    return first_row + len(pending)
 
 
 WINDOW_BYTES = 32 << 20  # a window closes at the first chunk boundary past this many raw bytes (parsed: about 4.5x)
@@ -396,11 +403,13 @@ def _grouped_chunks(shard: Shard, config: ReadConfig, skip: frozenset[int]):
     consecutive cut (fewer once it holds ``WINDOW_BYTES``), so its edges are chunk edges of that
     cut; it is parsed whole (skipped chunks too: their rows decide where the others fall), its rows
     of each category put together, and cut into chunks as ``iter_chunks`` cuts rows."""
-    windows = _windows(_raw_rows(shard, config.read_block_bytes), config)
-    chunks = (chunk for first_row, pending, sizes in windows
-              for chunk in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config))
-    for index, records in enumerate(chunks):
-        yield index, None if index in skip else records
+    index, rows = 0, 0
+    for first_row, pending, sizes in _windows(_raw_rows(shard, config.read_block_bytes), config):
+        rows = first_row + len(pending)
+        for records in _cut_window([parse_raw(first_row + i, r) for i, r in enumerate(pending)], sizes, config):
+            yield index, None if index in skip else records
+            index += 1
+    return rows
 
 
 def _windows(raws, config: ReadConfig):

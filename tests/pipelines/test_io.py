@@ -334,3 +334,39 @@ def test_a_shards_identity_is_its_files_path_size_and_byte_range_only():
 
     assert _shard_id(InputFile("/data/in/a.jsonl", 1234, 5), 0, 1234) == "af9ac9439ac55164"
     assert _shard_id(InputFile("/data/in/a.jsonl", 1234, 6), 0, 1234) == "af9ac9439ac55164"
+
+
+@pytest.mark.parametrize("with_errno", [True, False], ids=["errno", "message-only"])
+def test_a_read_cut_short_by_an_io_error_never_marks_its_shard_read(tmp_path, monkeypatch, with_errno):
+    """An I/O error (EIO on a network mount) is the store's, not the file's: it is raised. One that
+    does not say so (no errno) reads as a corrupt file's rest, one rejected row; then the prepare
+    stage finds fewer rows than the id index counted and fails the shard instead of marking it read
+    (helper-27, session 51: the rows after the error were in neither attributes/ nor rejected/)."""
+    import errno
+
+    from pipelines import idindex, prepare
+    from pipelines.schema import ValidationConfig, load_schema
+    from pipelines.stacking import StackingConfig
+    from tests.pipelines.helpers import SAMPLE_ATTRIBUTES, sample_records
+
+    pq.write_table(pa.Table.from_pylist(sample_records()), tmp_path / "in.parquet", row_group_size=10)
+    read = ReadConfig(str(tmp_path / "in.parquet"), chunk_rows=10, group_chunks=1, read_block_bytes=200)
+    (shard,) = plan_shards(read)
+    config = prepare.PrepareConfig(read, ValidationConfig(), StackingConfig(), load_schema(str(SAMPLE_ATTRIBUTES)),
+                                   str(tmp_path / "out"))
+    batches = pq.ParquetFile.iter_batches
+
+    def flaky(self, *args, **kwargs):
+        done = 0
+        for batch in batches(self, *args, **kwargs):
+            done += batch.num_rows
+            if done > 20:
+                raise OSError(errno.EIO, "Input/output error") if with_errno else OSError("Input/output error")
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", flaky)
+    rows = [dict(vars(shard), skip=[], index=idindex.to_json(idindex.ShardIndex(rows=40, verdicts=())))]
+    with pytest.raises(OSError if with_errno else RuntimeError,
+                       match="Input/output error" if with_errno else "read 21 rows of .* the id index counted 40"):
+        list(prepare.prepare_shards(pa.Table.from_pylist(rows), config))
+    assert not io.list_files(str(tmp_path / "out"))  # no _chunks marker: a resume reads the shard again
