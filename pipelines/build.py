@@ -293,13 +293,14 @@ def _extract_stage(ds: ray.data.Dataset, extract: ExtractConfig, sizing: ActorSi
     )
 
 
-def _committed(manifests: tuple[str, ...], cpus: float) -> Stats:
-    """The counters of chunks committed by earlier attempts, read in parallel (no ids are kept)."""
+def _committed(manifests: tuple[str, ...], cpus: float, run_id: str) -> Stats:
+    """The counters of chunks committed by earlier attempts of ``run_id``, read in parallel (no ids
+    are kept)."""
     stats = Stats()
     if not manifests:
         return stats
     ds = ray.data.from_items([{"uri": uri} for uri in manifests]).map_batches(
-        commit.committed_stats, batch_format="pyarrow", num_cpus=cpus
+        commit.committed_stats, batch_format="pyarrow", num_cpus=cpus, fn_kwargs={"run_id": run_id}
     )
     for row in ds.iter_rows():
         stats.add(json.loads(row["stats"]))
@@ -487,7 +488,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         heartbeat.sized(sizing.device, sizing.devices, report.price(sizing.device))
         counter = ProgressCounter.remote()
         try:
-            previous = _committed(state.manifests, resources.io_cpus)
+            previous = _committed(state.manifests, resources.io_cpus, output.run_id)
             this_run = Stats()
             if shards:
                 total = sum(_rows(shard, idx) for shard, idx in zip(planned, index))

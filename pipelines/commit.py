@@ -209,13 +209,18 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))
 
 
-def committed_stats(batch: pa.Table) -> pa.Table:
-    """Counters of committed chunks (a resumed run's earlier attempts), for the report's totals."""
+def committed_stats(batch: pa.Table, run_id: str) -> pa.Table:
+    """Counters of committed chunks (a resumed run's earlier attempts), for the report's totals. A
+    manifest of another run (a job that went on writing after `--overwrite` deleted its output) is
+    refused: its chunk would count as this run's."""
     summaries = []
     for uri in batch.column("uri").to_pylist():
         try:
             manifest = io.read_json(uri)
         except ValueError as err:
             raise ValueError(f"{err}: not a manifest written by hpd extract; delete it to redo its chunk") from err
+        if manifest.get("run_id") != run_id:
+            raise ValueError(f"{uri} was committed by run {manifest.get('run_id')}, not {run_id}, the run this output "
+                             "holds: another job wrote here; use a new --output (or --overwrite once it has stopped)")
         summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"])})
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))

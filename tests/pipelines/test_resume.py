@@ -66,3 +66,19 @@ def test_driver_killed_at_any_point_resumes_exactly_once(ray_cluster, s3_server)
     assert result["wall_seconds"] > result["this_run"]["wall_seconds"]
     assert result["usd"] == pytest.approx(sum(a.usd for a in records), abs=1e-6)
     assert all(io.read_json(uri)["committed_at"] == kept[uri] for uri in kept)
+
+
+def test_a_manifest_of_another_run_is_refused_not_counted(tmp_path):
+    """A job that went on writing after `--overwrite` deleted its output leaves manifests of its own
+    run: a resume must not count (or skip) their chunks as this run's (helper-27, session 51)."""
+    import pyarrow as pa
+
+    from pipelines import commit
+
+    ours, theirs = commit.commit_uri(str(tmp_path), "s", 0), commit.commit_uri(str(tmp_path), "s", 1)
+    for uri, run_id in ((ours, "run-a"), (theirs, "run-b")):
+        io.write_json(uri, {"chunk": uri, "run_id": run_id, "committed_at": 0, "stats": {"rows_in": 1},
+                            "owned_ids": [], "rejected_ids": []})
+    assert commit.committed_stats(pa.table({"uri": [ours]}), run_id="run-a").num_rows == 1
+    with pytest.raises(ValueError, match="was committed by run run-b, not run-a, the run this output holds"):
+        commit.committed_stats(pa.table({"uri": [ours, theirs]}), run_id="run-a")
