@@ -369,12 +369,12 @@ class ExtractStage:
             if result.error is not None:
                 failed.update({p: f"extract error: {result.error}" for p in positions})
                 continue
-            for position, values in zip(positions, result.values):
+            for position, values in zip(positions, result.values, strict=True):  # a decoder's wrong shape raises
                 row = rows[position]
                 written.append(position)
                 stats.update(products_out=1, inputs_truncated=int(row["input_truncated"]))
                 product = products[position]
-                for attribute, value in zip(request.attributes, values):
+                for attribute, value in zip(request.attributes, values, strict=True):
                     if self.config.values_in_text and value.value is not None and not in_text(value.value, product):
                         stats.update(values_not_in_text=1)
                         value = replace(value, value=None, confidence=None)

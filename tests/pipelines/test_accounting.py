@@ -256,3 +256,24 @@ def test_busy_decoding_seconds_leave_out_loading_the_model(monkeypatch):
     first = json.loads(run_chunk(extract, prepared(shoes(4)))["stats"])
     assert first["products_out"] == 4
     assert first["decode_seconds"] < 0.5
+
+
+@pytest.mark.parametrize("cut", ["a value", "a product"])
+def test_a_decoder_result_of_the_wrong_shape_fails_the_chunk(monkeypatch, cut):
+    """One value fewer than the category's attributes (or one product fewer than the prompt's) was
+    dropped by a zip: the attribute rows of the product went missing and the counters still agreed
+    (helper-27, session 51). Now the chunk fails and nothing is committed."""
+    from dataclasses import replace
+
+    extract = stage()
+    call = extract._call
+
+    def short(requests):
+        results = list(call(requests))
+        first = results[0]
+        values = [first.values[0][:-1], *first.values[1:]] if cut == "a value" else first.values[:-1]
+        return [replace(first, values=values), *results[1:]]
+
+    monkeypatch.setattr(extract, "_call", short)
+    with pytest.raises(ValueError, match="zip"):
+        run_chunk(extract, prepared(shoes(4)))
