@@ -11,6 +11,8 @@ writer; nothing is dropped.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -49,6 +51,7 @@ CHUNK_SCHEMA = pa.schema(
         ("index", pa.int64()),
         ("rows_in", pa.int64()),
         ("payload", pa.binary()),
+        ("digest", pa.string()),  # of the chunk's rows as read (``chunk_digest``), kept in its manifest
     ]
 )
 
@@ -121,13 +124,25 @@ def prepare_chunk(records: list[reader.RawRecord], config: PrepareConfig, verdic
     return rows
 
 
+def chunk_digest(records: list[reader.RawRecord]) -> str:
+    """A chunk's rows as read (their text, in order): a committed chunk must read the same when a
+    resume passes over it, or the input changed under the job."""
+    digest = hashlib.blake2b(digest_size=16)
+    for record in records:
+        digest.update(record.text.encode("utf-8", "surrogatepass") + b"\n")
+    return digest.hexdigest()
+
+
 def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]:
-    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk."""
+    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk. A committed
+    chunk (``skip``) is passed over; where its manifest keeps its digest (``digests``, since
+    2026-11-29) it is read and must read the same."""
     for shard_row in batch.to_pylist():
         skip = frozenset(shard_row.pop("skip"))
+        digests = {int(i): d for i, d in json.loads(shard_row.pop("digests", None) or "{}").items()}
         verdicts = shard_verdicts(from_json(shard_row.pop("index")))
         shard = reader.Shard(**shard_row)
-        chunks, read = 0, reader.iter_chunks(shard, config.read, skip)
+        chunks, read = 0, reader.iter_chunks(shard, config.read, skip - set(digests))
         while True:
             try:
                 index, records = next(read)
@@ -135,12 +150,18 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]
                 rows_read = end.value
                 break
             chunks += 1
-            if records is None:  # committed by an earlier attempt
+            if records is None:  # committed by an earlier attempt (before chunks kept their digest)
                 continue
-            key = chunk_key(shard.shard_id, index)
+            key, digest = chunk_key(shard.shard_id, index), chunk_digest(records)
+            if index in skip:  # committed by an earlier attempt: the same rows, or the input changed
+                if digests[index] != digest:
+                    raise RuntimeError(f"the rows of chunk {key} ({shard.uri}) are not those an earlier attempt "
+                                       "committed: the input changed under the job; use a new --output")
+                continue
             rows = prepare_chunk(records, config, verdicts)
             payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
-            chunk = {"chunk": key, "shard": shard.shard_id, "index": index, "rows_in": len(rows), "payload": payload}
+            chunk = {"chunk": key, "shard": shard.shard_id, "index": index, "rows_in": len(rows), "payload": payload,
+                     "digest": digest}
             yield pa.Table.from_pylist([chunk], schema=CHUNK_SCHEMA)
         expected = min(len(verdicts), shard.max_rows or len(verdicts))
         if rows_read != expected:  # fewer: a read cut short that did not raise; never mark such a shard read

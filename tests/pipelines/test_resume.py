@@ -82,3 +82,45 @@ def test_a_manifest_of_another_run_is_refused_not_counted(tmp_path):
     assert commit.committed_stats(pa.table({"uri": [ours]}), run_id="run-a").num_rows == 1
     with pytest.raises(ValueError, match="was committed by run run-b, not run-a, the run this output holds"):
         commit.committed_stats(pa.table({"uri": [ours, theirs]}), run_id="run-a")
+
+
+def test_an_input_rewritten_under_committed_chunks_is_refused_and_a_copy_is_not(ray_cluster, tmp_path, capsys):
+    """An input rewritten in place at the same size (one row new at the top, the last one gone) kept
+    its shard ids, so a resume took the committed chunks as done and redid the others on shifted
+    rows: one product twice, one in neither folder (helper-27, session 51). Each manifest now keeps
+    its chunk's digest, and a resume reads committed chunks again and compares."""
+    import os
+    import shutil
+
+    from .helpers import report, run_extract, sample_records
+
+    records = sample_records()
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records))
+    output = tmp_path / "out"
+    argv = extract_args(source, output, "--chunk-rows", 10, "--group-chunks", 1)
+    assert run_extract(argv) == 0
+    manifests = sorted(commits(str(output)))
+    assert len(manifests) == 4 and all(io.read_json(uri)["digest"] for uri in manifests)
+
+    def crash():  # as if the job had been killed after its first two chunks
+        for uri in manifests[2:] + [io.join(str(output), "_report.json")]:
+            io.delete_if_exists(uri)
+        for uri in io.list_files(io.join(str(output), "_commits")):
+            if "/_chunks-" in uri:
+                io.delete_if_exists(uri)
+
+    crash()
+    shutil.copyfile(source, tmp_path / "copy.jsonl")  # a copy: the same rows, another modification time
+    os.replace(tmp_path / "copy.jsonl", source)
+    assert run_extract(argv) == 0 and report(str(output))["products_out"] == len(records)
+
+    manifests = sorted(commits(str(output)))
+    crash()
+    lines = source.read_bytes().splitlines(keepends=True)
+    new = dict(records[0], product_id="NEW-0001", title="x")
+    padding = sum(map(len, lines)) - sum(map(len, lines[:-1])) - len(jsonl([new]))
+    source.write_bytes(jsonl([dict(new, title="x" + " " * padding)]) + b"".join(lines[:-1]))  # the same size
+    assert len(source.read_bytes()) == sum(map(len, lines))
+    assert run_extract(argv) == 1
+    assert "are not those an earlier attempt committed: the input changed under the job" in capsys.readouterr().err
