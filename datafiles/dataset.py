@@ -13,8 +13,8 @@ Errors are ``ValueError``s that name the file and the 1-based line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from datafiles.storage import read_jsonl, read_text
@@ -28,11 +28,13 @@ NULL_GOLD = "n/a"  # a gold value meaning: the product has none
 
 @dataclass(frozen=True)
 class GoldExample:
-    """One gold product: ``target_scores`` maps attribute -> {acceptable value: 1}."""
+    """One gold product: ``target_scores`` maps attribute -> {acceptable value: 1}; ``line``, its
+    1-based line in the gold file (None when not read from one), for messages."""
 
     product_id: str
     category: str
     target_scores: Mapping[str, Mapping[str, object]]
+    line: int | None = field(default=None, compare=False)
 
 
 def validate_target_scores(target_scores: object, where: str) -> dict[str, dict[str, object]]:
@@ -81,10 +83,19 @@ def read_gold(uri: str) -> list[GoldExample]:
             raise ValueError(f"{where}: duplicate product_id {row['product_id']!r}")
         seen.add(row["product_id"])
         target_scores = validate_target_scores(row.get("target_scores"), where)
-        examples.append(GoldExample(row["product_id"], row["category"], target_scores))
+        examples.append(GoldExample(row["product_id"], row["category"], target_scores, number))
     if not examples:
         raise ValueError(f"{uri}: no gold rows")
     return examples
+
+
+def unknown_attributes(example: GoldExample, known: Iterable[str]) -> list[str]:
+    """The attributes ``example`` names that are not among ``known`` (its category's in the schema),
+    each with the known name it differs from only in case, if any: ``"brand (Brand?)"``."""
+    known = list(known)
+    folded = {name.casefold(): name for name in known}
+    unknown = [name for name in example.target_scores if name not in known]
+    return [f"{name} ({folded[name.casefold()]}?)" if name.casefold() in folded else name for name in unknown]
 
 
 def gold_draft(product_id: str, category: str, values: Mapping[str, object], attributes: list[str]) -> dict:

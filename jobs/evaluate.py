@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from datafiles.dataset import RECORDS_FILE, read_attributes, read_gold, read_records
+from datafiles.dataset import RECORDS_FILE, read_attributes, read_gold, read_records, unknown_attributes
 from datafiles.storage import exists, read_text
 from evaluation import compare, leakage
 from datafiles.predictions import read_predictions
@@ -63,6 +63,28 @@ def check_ids_match(predicted: dict, gold: list, predictions_uri: str, gold_uri:
         )
 
 
+def warn_unknown_attributes(gold: list, attributes: dict | None, predictions, args: argparse.Namespace) -> None:
+    """Gold attributes that are not the schema's (``--attributes``; without it, those the predictions
+    hold for the category) cannot be predicted: ``brand`` for ``Brand`` scores every such value as a
+    miss. A score of what was given is still a score, so this warns (counts, the first line, and a
+    name that differs only in case) rather than refusing."""
+    if attributes is not None:
+        known, source = attributes, f"the schema {args.attributes}"
+    else:
+        known, source = {}, f"the predictions in {args.predictions}"
+        for product_id, values in predictions.values.items():
+            known.setdefault(predictions.categories.get(product_id), set()).update(values)
+    found = [(ex, names) for ex in gold if ex.category in known and (names := unknown_attributes(ex, known[ex.category]))]
+    if not found:
+        return
+    example, names = found[0]
+    slots = sum(len(names) for _, names in found)
+    print(f"hpd evaluate: warning: {len(found)} of {len(gold)} gold products name {slots} attribute(s) that {source} "
+          f"does not have for their category (e.g. {args.gold} line {example.line}, category {example.category!r}: "
+          f"{', '.join(names)}; it has {', '.join(sorted(known[example.category]))}); their gold values count as misses: "
+          "write the attribute names exactly as the schema does (case too)", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.extractgpt_run:
         if args.predictions or args.gold or args.attributes:
@@ -83,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hpd evaluate: warning: {unpredicted} of {len(gold)} gold products have no predictions in "
               f"{args.predictions} and count as misses (a job on part of the input? --predicted-only scores the "
               f"{len(gold) - unpredicted} predicted ones)", file=sys.stderr)
+    warn_unknown_attributes(gold, attributes, predictions, args)
     result = evaluate(predictions, gold, attributes)
     if mismatch := result.products["category_mismatch"]:
         example = next(ex for ex in gold if predictions.categories.get(ex.product_id, ex.category) not in (None, ex.category))

@@ -227,6 +227,23 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
     return folder
 
 
+def warn_about_data(stats: dict, sources) -> None:
+    """Warn of what in the training data (``training.data``'s stats) the run will not learn as meant."""
+    if stats.get("targets_not_in_text"):
+        logging.warning(
+            "%d of the %d target values are not in their product's text (e.g. %s): `hpd extract` writes "
+            "such a value as null, so the model is taught values it may not give; write each value as the "
+            "product's title, description or features write it (or add that spelling as another acceptable value)",
+            stats["targets_not_in_text"], stats["slots"] - stats["null_targets"], stats["target_not_in_text_example"],
+        )
+    if stats.get("gold_category_differs"):
+        logging.warning(
+            "%d gold line(s) of %s give another category than their record (e.g. %s): they are trained with the "
+            "records' category and its attributes, as extraction prompts them; were records and gold made together?",
+            stats["gold_category_differs"], sources.gold, stats["gold_category_differs_example"],
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     import torch
@@ -259,14 +276,7 @@ def run(args: argparse.Namespace) -> int:
     data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
     train_products, val_products = split(data.products, args.val_fraction, config.seed)
     logging.info("data: %s", json.dumps(data.stats))
-    if data.stats.get("targets_not_in_text"):
-        logging.warning(
-            "%d of the %d target values are not in their product's text (e.g. %s): `hpd extract` writes "
-            "such a value as null, so the model is taught values it may not give; write each value as the "
-            "product's title, description or features write it (or add that spelling as another acceptable value)",
-            data.stats["targets_not_in_text"], data.stats["slots"] - data.stats["null_targets"],
-            data.stats["target_not_in_text_example"],
-        )
+    warn_about_data(data.stats, sources)
     attributes, schema = data.attributes, None
     if args.examples is not None:
         attributes = examples.describe(train_products, data.attributes, args.examples)

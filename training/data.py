@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold
+from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold, unknown_attributes
 from datafiles.predictions import attribute_files, read_columns
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
@@ -143,14 +143,28 @@ def load_gold(sources: Sources) -> TrainingData:
     accepted, stats = accepted_records(sources.records, schema)
     gold = {ex.product_id: ex for ex in read_gold(str(sources.gold))}
     products = []
+    unknown: list[str] = []  # a line's attributes the schema does not have for its product's category
+    other_category: list[str] = []
     for item in accepted:
         example = gold.get(item.product.product_id)
         if example is None:
             stats["no_targets"] = stats.get("no_targets", 0) + 1
             continue
         names = [a.name for a in schema.attributes(item.category)]
+        if example.category != item.category:
+            other_category.append(f"{example.product_id!r}: {example.category!r} in the gold, {item.category!r} in the records")
+        if strangers := unknown_attributes(example, names):
+            unknown.append(f"line {example.line}: {', '.join(strangers)} (category {item.category!r}: {', '.join(names)})")
         values = tuple(gold_value(example.target_scores, name, item.product) for name in names)
         products.append(Labeled(item.category, item.product, values))
+    if unknown:  # trained as none for every product: refuse
+        more = f" (and {len(unknown) - 1} more line(s))" if len(unknown) > 1 else ""
+        raise ValueError(f"{sources.gold} {unknown[0]}{more}: attribute names not in the schema {sources.attributes} "
+                         "for the product's category, which would train each of the schema's attributes as none; "
+                         "write the schema's names exactly (case too)")
+    if other_category:  # trained with the records' category (as extraction prompts it): counted, warned of
+        stats["gold_category_differs"] = len(other_category)
+        stats["gold_category_differs_example"] = other_category[0]
     return _finish(products, schema, stats)
 
 

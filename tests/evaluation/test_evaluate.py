@@ -320,3 +320,24 @@ def test_evaluate_s3_user_errors(s3_bucket, gold_dir: Path, capsys, monkeypatch)
     assert f"s3://{bucket}/jobs/none/attributes/" in message and "hpd extract" in message
     message = _cli_error(["evaluate", "--predictions", f"s3://{bucket}/jobs/none", "--gold", f"s3://{bucket}/missing.jsonl"], capsys, monkeypatch)
     assert f"file not found: s3://{bucket}/missing.jsonl" in message
+
+
+def test_gold_attributes_the_schema_lacks_are_warned_of_with_counts(tmp_path: Path, gold_dir: Path, capsys):
+    """Gold naming `brand` where the schema says `Brand` scores every such value as a miss: warned of
+    (products, attributes, the first line, the name in the schema's case); the score is still given."""
+    out = tmp_path / "job-output"
+    write_predictions(fs.LocalFileSystem(), str(out))
+    argv = ["evaluate", "--predictions", str(out), "--no-write"]
+    assert main(argv + ["--gold", str(gold_dir / "gold.jsonl"), "--attributes", str(gold_dir / "attributes.json")]) == 0
+    assert "does not have" not in capsys.readouterr().err
+    gold = [json.loads(line) for line in (gold_dir / "gold.jsonl").read_text().splitlines()]
+    for row in gold[2:]:  # the Shoes lines
+        row["target_scores"] = {name.lower() if name == "Brand" else name: v for name, v in row["target_scores"].items()}
+    lower = tmp_path / "lower.jsonl"
+    lower.write_text("".join(json.dumps(g) + "\n" for g in gold))
+    assert main(argv + ["--gold", str(lower), "--attributes", str(gold_dir / "attributes.json")]) == 0
+    err = capsys.readouterr().err
+    assert (f"warning: 3 of 5 gold products name 3 attribute(s) that the schema {gold_dir / 'attributes.json'} does not "
+            f"have for their category (e.g. {lower} line 3, category 'Shoes': brand (Brand?); it has Brand, Color)") in err
+    assert main(argv + ["--gold", str(lower)]) == 0  # no schema: the predictions' attributes of the category
+    assert f"3 of 5 gold products name 3 attribute(s) that the predictions in {out} does not have" in capsys.readouterr().err

@@ -377,3 +377,35 @@ def test_resume_check_names_what_differs_and_passes_old_checkpoints(tmp_path, ca
         check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 2e-2}), {"products": 6}))
     with pytest.raises(ValueError, match="the data"):
         check_resume(tmp_path, run_identity(later, {"products": 7}))
+
+
+def test_gold_attribute_names_not_in_the_schema_are_refused(data_dir, tmp_path, capsys, caplog):
+    """Gold with `brand` where the schema says `Brand` trained every Brand as none: refused, naming
+    the file, the line, the name, the category's names; a gold category other than the record's is
+    trained with the record's and warned of, counted."""
+    folder = tmp_path / "lower"
+    folder.mkdir()
+    (folder / "records.jsonl").write_text((data_dir / "records.jsonl").read_text())
+    (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
+    rows = [{"product_id": f"p{i}", "category": c, "target_scores": g} for i, (c, _, g) in enumerate(TITLES)]
+    rows[1]["target_scores"] = {"brand": {"Nike": 1}, "Color": {"black": 1}}
+    write_jsonl(folder / "gold.jsonl", rows)
+    with pytest.raises(ValueError) as err:
+        gold.load_gold(gold.resolve_sources(folder))
+    assert (f"{folder / 'gold.jsonl'} line 2: brand (Brand?) (category 'Shoes': Brand, Color, Size): attribute names not "
+            f"in the schema {folder / 'attributes.json'}") in str(err.value)
+    rows[3]["target_scores"] = {"Kolor": {"blue": 1}}
+    write_jsonl(folder / "gold.jsonl", rows)
+    assert main(["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none")]) == 2
+    assert "line 2: brand (Brand?) (category 'Shoes': Brand, Color, Size) (and 1 more line(s))" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+    rows[1]["target_scores"], rows[3]["target_scores"] = TITLES[1][2], TITLES[3][2]
+    rows[2]["category"] = "Shoes"  # its record says Food; its attributes are Food's
+    write_jsonl(folder / "gold.jsonl", rows)
+    data = gold.load_gold(gold.resolve_sources(folder))
+    assert data.stats["gold_category_differs"] == 1
+    caplog.set_level("WARNING")
+    assert main(["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none")]) != 0
+    assert ("1 gold line(s) of " + str(folder / "gold.jsonl") + " give another category than their record "
+            "(e.g. 'p2': 'Shoes' in the gold, 'Food' in the records)") in caplog.text
