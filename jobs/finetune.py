@@ -186,6 +186,23 @@ def check_resume(checkpoints: Path, identity: dict) -> None:
                          f"resume with the same options, or start a new run in another --out")  # fmt: skip
 
 
+def check_out(out: Path, resume: bool) -> None:
+    """A new run writes into a new or empty ``--out``: an earlier run's adapter would be overwritten
+    and its ``epoch-N/`` and ``validation/`` folders kept beside the new adapter (scoring it on
+    products it trained on). ``--resume`` continues the run that is there."""
+    if resume:
+        return
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: pass a new or empty folder")
+    if (out / "checkpoint" / "checkpoint.pt").is_file():
+        raise ValueError(f"{out / 'checkpoint'} holds a checkpoint of an earlier run: pass --resume to continue it, "
+                         "or choose another --out")
+    if out.is_dir() and (held := sorted(p.name for p in out.iterdir())):
+        raise ValueError(f"--out {out} is not empty (it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}: "
+                         "an earlier run's?): pass a new or empty folder, or remove that one; --resume continues a "
+                         "stopped or interrupted run there")
+
+
 def split(products: list, fraction: float, seed: int) -> tuple[list, list]:
     """(train, validation): a seeded random ``fraction`` of the products is held out."""
     if not 0 <= fraction < 1:
@@ -275,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
     sources = gold.resolve_sources(args.train, args.attributes, args.gold)
     data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
     train_products, val_products = split(data.products, args.val_fraction, config.seed)
+    check_out(args.out, args.resume)
     logging.info("data: %s", json.dumps(data.stats))
     warn_about_data(data.stats, sources)
     attributes, schema = data.attributes, None
@@ -291,9 +309,6 @@ def run(args: argparse.Namespace) -> int:
     checkpoints = args.out / "checkpoint"
     if args.resume and not (checkpoints / "checkpoint.pt").is_file():
         raise ValueError(f"--resume: no checkpoint in {checkpoints}")
-    if not args.resume and (checkpoints / "checkpoint.pt").is_file():
-        raise ValueError(f"{checkpoints} holds a checkpoint of an earlier run: pass --resume to continue it, "
-                         "or choose another --out")
     identity = run_identity(args, data.stats)
     if args.resume:
         check_resume(checkpoints, identity)

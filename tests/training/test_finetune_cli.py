@@ -409,3 +409,25 @@ def test_gold_attribute_names_not_in_the_schema_are_refused(data_dir, tmp_path, 
     assert main(["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none")]) != 0
     assert ("1 gold line(s) of " + str(folder / "gold.jsonl") + " give another category than their record "
             "(e.g. 'p2': 'Shoes' in the gold, 'Food' in the records)") in caplog.text
+
+
+def test_a_second_run_into_a_used_out_is_refused(data_dir, model_dir, tmp_path, capsys):
+    """A second run into the same --out overwrote the adapter and kept the first run's epoch-N/ and
+    validation/ (scoring the new adapter on products it trained on): a non-empty --out is refused
+    unless --resume; an empty folder is taken."""
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out), "--max-value-tokens", "8",
+            "--max-steps", "1", "--grad-accum", "1", "--lora-rank", "2", "--val-fraction", "0.34"]
+    assert main(argv) == 0
+    adapter = (out / "adapter_model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main([*argv[:-1], "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} is not empty (it holds " in err and "adapter_model.safetensors" in err and "--resume" in err
+    assert (out / "adapter_model.safetensors").read_bytes() == adapter
+    assert main(argv + ["--resume"]) == 2  # nothing stopped there to continue
+    assert "no checkpoint" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main([*argv[:6], str(tmp_path / "file"), *argv[7:]]) == 2
+    assert "is a file" in capsys.readouterr().err
