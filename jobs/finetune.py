@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--dtype", choices=DTYPES, default=ModelConfig().dtype, help="weights dtype (default %(default)s)")
     model.add_argument("--attention", choices=[a for a in ATTENTION if a != "flex_attention"], default="sdpa",
                        help="attention implementation (default sdpa)")
-    model.add_argument("--out", type=Path, required=True, help="output directory for the adapter and training_config.json")
+    model.add_argument("--out", type=Path, required=True, help="a new or empty folder for the adapter and training_config.json (with --resume: the stopped run's)")
     train = parser.add_argument_group("training (unset options take hpd_core.config.TrainConfig defaults)")
     train.add_argument("--decoder", choices=["hpd", "ar"], default="hpd", help="training view: hpd (default) or ar baseline")
     train.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
