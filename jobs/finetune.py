@@ -253,6 +253,14 @@ def warn_about_data(stats: dict, sources) -> None:
             "product's title, description or features write it (or add that spelling as another acceptable value)",
             stats["targets_not_in_text"], stats["slots"] - stats["null_targets"], stats["target_not_in_text_example"],
         )
+    if rejected := stats.get("rejected"):
+        logging.warning("%d of the %d records of %s are rejected, as extraction would reject them, and not trained on: %s",
+                        sum(rejected.values()), stats["records"], sources.records,
+                        "; ".join(f"{n} {reason}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])))
+    if stats.get("gold_not_in_records"):
+        logging.warning("%d gold line(s) of %s have no record in %s (e.g. %s): their labels are not trained on; "
+                        "do records and gold write the same ids?", stats["gold_not_in_records"], sources.gold,
+                        sources.records, stats["gold_not_in_records_example"])
     if stats.get("gold_category_differs"):
         logging.warning(
             "%d gold line(s) of %s give another category than their record (e.g. %s): they are trained with the "

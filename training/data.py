@@ -32,7 +32,7 @@ from hpd_core.collate import Labeled
 from hpd_core.spans import in_text
 from hpd_core.types import Attribute, Product
 from pipelines.reader import PARQUET_SUFFIXES
-from pipelines.schema import Accepted, ValidationConfig, load_schema, validate_record
+from pipelines.schema import Accepted, ValidationConfig, load_schema, record_id, validate_record
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,15 @@ def read_records(path: Path) -> list[object]:
     return rows
 
 
-def accepted_records(path: Path, schema) -> tuple[list[Accepted], dict]:
-    """Validate records as the extraction job does; duplicates of a product_id are skipped."""
+def accepted_records(path: Path, schema) -> tuple[list[Accepted], dict, set[str]]:
+    """Validate records as the extraction job does; duplicates of a product_id are skipped. Also
+    returns the ids of all records, rejected ones too (to tell a gold line without a record from
+    one whose record was rejected)."""
     rejected: Counter[str] = Counter()
     accepted: list[Accepted] = []
     seen: set[str] = set()
     records = read_records(path)
+    ids = {record_id(r) for r in records} - {None}
     for record in records:
         result = validate_record(record, schema, ValidationConfig())
         if not isinstance(result, Accepted):
@@ -95,7 +98,7 @@ def accepted_records(path: Path, schema) -> tuple[list[Accepted], dict]:
         else:
             seen.add(result.product.product_id)
             accepted.append(result)
-    return accepted, {"records": len(records), "rejected": dict(rejected)}
+    return accepted, {"records": len(records), "rejected": dict(rejected)}, ids
 
 
 def gold_value(target_scores: dict, attribute: str, product: Product | None = None) -> str | None:
@@ -140,8 +143,11 @@ def load_gold(sources: Sources) -> TrainingData:
     if not sources.gold.is_file():
         raise ValueError(f"gold file {sources.gold} not found: pass --gold, or --teacher for distillation")
     schema = load_schema(str(sources.attributes))
-    accepted, stats = accepted_records(sources.records, schema)
+    accepted, stats, ids = accepted_records(sources.records, schema)
     gold = {ex.product_id: ex for ex in read_gold(str(sources.gold))}
+    if strays := [product_id for product_id in gold if product_id not in ids]:  # their labels are lost: counted
+        stats["gold_not_in_records"] = len(strays)
+        stats["gold_not_in_records_example"] = f"{strays[0]!r} (a record's id: {min(ids)!r})" if ids else repr(strays[0])
     products = []
     unknown: list[str] = []  # a line's attributes the schema does not have for its product's category
     other_category: list[str] = []
@@ -188,7 +194,7 @@ def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int]
 def load_teacher(sources: Sources, teacher: str) -> TrainingData:
     """Records joined with a teacher's ``hpd extract`` output (see module doc)."""
     schema = load_schema(str(sources.attributes))
-    accepted, stats = accepted_records(sources.records, schema)
+    accepted, stats, _ = accepted_records(sources.records, schema)
     predicted, truncated, stats["teacher_rows"] = read_teacher(teacher)
     skipped: Counter[str] = Counter()
     missing_values = 0

@@ -431,3 +431,27 @@ def test_a_second_run_into_a_used_out_is_refused(data_dir, model_dir, tmp_path, 
     (tmp_path / "file").write_text("")
     assert main([*argv[:6], str(tmp_path / "file"), *argv[7:]]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_gold_lines_without_a_record_and_rejected_records_are_counted_and_warned_of(data_dir, tmp_path, caplog):
+    """Gold whose ids the records do not hold (ids written differently) lost its labels with only
+    an INFO line: counted in the data summary, with an id of each, and warned of; rejected records
+    are warned of too."""
+    folder = tmp_path / "ids"
+    folder.mkdir()
+    (folder / "records.jsonl").write_text((data_dir / "records.jsonl").read_text())
+    (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
+    rows = [{"product_id": f"p{i}", "category": c, "target_scores": g} for i, (c, _, g) in enumerate(TITLES)]
+    rows += [{"product_id": "P-7", "category": "Shoes", "target_scores": {"Brand": {"Acme": 1}}},
+             {"product_id": "bad", "category": "Toys", "target_scores": {"Brand": {"Acme": 1}}}]  # its record: rejected
+    write_jsonl(folder / "gold.jsonl", rows)
+    data = gold.load_gold(gold.resolve_sources(folder))
+    assert data.stats["gold_not_in_records"] == 1
+    assert data.stats["gold_not_in_records_example"] == "'P-7' (a record's id: 'bad')"
+    assert "gold_not_in_records" not in gold.load_gold(gold.resolve_sources(data_dir)).stats  # earlier runs' data read the same
+    caplog.set_level("WARNING")
+    assert main(["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none")]) != 0
+    assert (f"1 gold line(s) of {folder / 'gold.jsonl'} have no record in {folder / 'records.jsonl'} "
+            "(e.g. 'P-7' (a record's id: 'bad')): their labels are not trained on") in caplog.text
+    assert (f"1 of the 7 records of {folder / 'records.jsonl'} are rejected, as extraction would reject them, and not "
+            "trained on: 1 unknown category 'Toys'") in caplog.text
