@@ -223,6 +223,7 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
     the run trains with) or the source's. None when nothing is held out."""
     if not products:
         return None
+    from datafiles.storage import read_text
     from pipelines.reader import PARQUET_SUFFIXES
     from pipelines.schema import id_of
     from training import data as gold
@@ -236,10 +237,11 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
     for source, name in ((sources.records, "records.jsonl"), (sources.gold, "gold.jsonl")):
         if not Path(source).is_file() or Path(source).suffix.lower() in PARQUET_SUFFIXES:
             continue
-        with open(source, encoding="utf-8") as lines, open(folder / name, "w", encoding="utf-8") as kept:
-            for line in lines:
-                if line.strip() and id_of(json.loads(line).get("product_id")) in ids:
-                    kept.write(line if line.endswith("\n") else line + "\n")
+        with open(folder / name, "w", encoding="utf-8") as kept:  # the lines as given, gzip or not, uncompressed
+            for line in read_text(source).split("\n"):
+                value = json.loads(line) if line.strip() else None
+                if isinstance(value, dict) and id_of(value.get("product_id")) in ids:  # not an object: a rejected record
+                    kept.write(line.rstrip("\r") + "\n")
     shutil.copyfile(schema or sources.attributes, folder / ATTRIBUTES_FILE)
     return folder
 

@@ -455,3 +455,26 @@ def test_gold_lines_without_a_record_and_rejected_records_are_counted_and_warned
             "(e.g. 'P-7' (a record's id: 'bad')): their labels are not trained on") in caplog.text
     assert (f"1 of the 7 records of {folder / 'records.jsonl'} are rejected, as extraction would reject them, and not "
             "trained on: 1 unknown category 'Toys'") in caplog.text
+
+
+def test_validation_folder_from_gzipped_records_with_lines_that_are_not_objects(data_dir, tmp_path):
+    """Records lines that are JSON but not objects ([1,2,3], null) are rejected records, and gzipped
+    records are accepted: writing the validation folder crashed on both (AttributeError,
+    UnicodeDecodeError) after the model had loaded."""
+    import gzip
+
+    from jobs.finetune import write_validation
+
+    folder = tmp_path / "gz"
+    folder.mkdir()
+    lines = (data_dir / "records.jsonl").read_text().splitlines()
+    text = "\r\n".join([lines[0], "[1, 2, 3]", "null", *lines[1:]]) + "\r\n"
+    (folder / "records.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    (folder / "attributes.json").write_text(json.dumps(ATTRIBUTES))
+    (folder / "gold.jsonl").write_text((data_dir / "gold.jsonl").read_text())
+    sources = gold.resolve_sources(folder / "records.jsonl.gz")
+    data = gold.load_gold(sources)
+    assert data.stats["records"] == 9 and data.stats["products"] == 6
+    held_out = write_validation(sources, data.products[1:3], tmp_path / "out")
+    assert (held_out / "records.jsonl").read_text() == lines[1] + "\n" + lines[2] + "\n"
+    assert [json.loads(line)["product_id"] for line in (held_out / "gold.jsonl").read_text().splitlines()] == ["p1", "p2"]
