@@ -246,15 +246,25 @@ def torch_dtype(name: str, device: str = "cpu"):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def check_device(device: str) -> None:
+    """A ``cuda`` device where torch sees none is a setting this machine cannot run: a ValueError
+    (``hpd`` prints it in one line) saying what to pass instead."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no GPU here"
+        raise ValueError(f"--device {device}: CUDA is not available ({why}, torch {torch.__version__}): "
+                         "pass --device cpu, or run on a machine with a GPU")
+
+
 def load_model(config: ModelConfig):
     """Return (model, tokenizer), the model in eval mode on ``config.device``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_device(config.device)
     source = resolve_model_dir(config)
     adapter = resolve_adapter(config)
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {config.device!r} requested but CUDA is not available")
     kwargs: dict = {
         "dtype": torch_dtype(config.dtype, config.device),
         "attn_implementation": config.attention,

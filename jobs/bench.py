@@ -39,7 +39,7 @@ from bench.single import build_workload, run_single
 from bench.sweep import run_sweep
 from bench.workload import VALUE_LENGTH_DISTS, SyntheticSpec, floor_input_tokens
 from hpd_core.config import ATTENTION, COMPILE_LAYERS, DTYPES, SKELETONS, SPANS, STEP_SHAPES, DecodeConfig
-from hpd_core.models import emulated_dtype_warning, resolve_dtype
+from hpd_core.models import check_device, emulated_dtype_warning, resolve_dtype
 
 
 def _ints(text: str) -> list[int]:
@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     check_args(args)
+    check_device(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)  # the report names the dtype that ran
     if (warning := emulated_dtype_warning(args.dtype, args.device)) is not None:
         print(f"hpd bench: warning: --dtype {warning}", file=sys.stderr)

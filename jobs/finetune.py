@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hpd_core import finetune
-    from hpd_core.models import bare_model_name, emulated_dtype_warning, load_model
+    from hpd_core.models import bare_model_name, check_device, emulated_dtype_warning, load_model
     from training import data as gold
     from training import examples
 
@@ -288,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
             f"--model {args.model} already carries a shipped adapter; adapters are trained on the "
             f"base model: use --model {bare} (with --init-adapter {args.model} to start from the shipped adapter)"
         )
+    check_device(args.device)  # before the data and the model load
     init_adapter = init_adapter_dir(args)
     shape = {} if init_adapter is None else finetune.adapter_shape(init_adapter)  # unless set on the command line
     options = {**shape, **train_options(args)}

@@ -272,3 +272,19 @@ def test_16_bit_weights_on_a_cpu_without_native_bf16_are_warned_about():
         assert emulated_dtype_warning(name, "cuda:0", avx2) is None  # a GPU computes it natively
     for name in ("float32", "auto"):  # auto resolves to float32 on such a CPU
         assert emulated_dtype_warning(name, "cpu", avx2) is None
+
+
+def test_a_cuda_device_without_cuda_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    """--device cuda where torch sees no GPU raised a RuntimeError, which `hpd` printed as a
+    traceback: a ValueError now, before any data or model is read, for finetune and bench alike."""
+    from jobs.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"--device cuda:1: CUDA is not available .*pass --device cpu"):
+        load_model(ModelConfig(name=str(tmp_path), device="cuda:1"))
+    (tmp_path / "records.jsonl").write_text("")
+    for argv in (["finetune", "--train", str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cuda"],
+                 ["bench", "--synthetic", "--random-arch", "tiny", "--device", "cuda", "--out", str(tmp_path / "bench")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"hpd {argv[0]}: error: --device cuda: CUDA is not available (") and err.count("\n") == 1
