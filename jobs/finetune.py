@@ -216,16 +216,17 @@ def split(products: list, fraction: float, seed: int) -> tuple[list, list]:
 VALIDATION_DIR = "validation"
 
 
-def write_validation(sources, products: list, out: Path, schema: Path | None = None) -> Path | None:
+def write_validation(sources, products: list, out: Path, attributes: dict | None = None) -> Path | None:
     """The held-out products as an ``hpd convert`` folder (records, attributes, gold) under
     ``out/validation``, so that a run's checkpoints can be compared with ``hpd extract`` +
-    ``hpd evaluate`` on exactly the products it did not train on. The schema is ``schema`` (the one
-    the run trains with) or the source's. None when nothing is held out."""
+    ``hpd evaluate`` on exactly the products it did not train on. The schema is ``attributes`` (the
+    one the run trains with) or the source's, written as JSON (the source may be YAML). None when
+    nothing is held out."""
     if not products:
         return None
     from datafiles.storage import read_text
     from pipelines.reader import PARQUET_SUFFIXES
-    from pipelines.schema import id_of
+    from pipelines.schema import id_of, load_schema, schema_file_text
     from training import data as gold
 
     ids = {p.product.product_id for p in products}
@@ -242,7 +243,8 @@ def write_validation(sources, products: list, out: Path, schema: Path | None = N
                 value = json.loads(line) if line.strip() else None
                 if isinstance(value, dict) and id_of(value.get("product_id")) in ids:  # not an object: a rejected record
                     kept.write(line.rstrip("\r") + "\n")
-    shutil.copyfile(schema or sources.attributes, folder / ATTRIBUTES_FILE)
+    attributes = attributes if attributes is not None else load_schema(str(sources.attributes)).categories
+    (folder / ATTRIBUTES_FILE).write_text(schema_file_text(attributes), encoding="utf-8")
     return folder
 
 
@@ -306,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     check_out(args.out, args.resume)
     logging.info("data: %s", json.dumps(data.stats))
     warn_about_data(data.stats, sources)
-    attributes, schema = data.attributes, None
+    attributes = data.attributes
     if args.examples is not None:
         attributes = examples.describe(train_products, data.attributes, args.examples)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         checkpoints.mkdir(parents=True, exist_ok=True)
         (checkpoints / RUN_FILE).write_text(json.dumps(identity, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    if not args.teacher and (validation := write_validation(sources, val_products, args.out, schema)):
+    if not args.teacher and (validation := write_validation(sources, val_products, args.out, attributes)):
         logging.info("validation products (%d) written to %s for hpd extract / evaluate", len(val_products), validation)
 
     def save_epoch(epoch: int, so_far: finetune.TrainReport) -> None:

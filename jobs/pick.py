@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import sys
 from collections import Counter
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE, gold_draft
 from pipelines.reader import ReadConfig
-from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, validate_record
+from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, schema_file_text, validate_record
 from training.selection import SelectionConfig, select
 
 DRAFT_FILE = "gold-draft.jsonl"
@@ -134,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     with open(args.out / RECORDS_FILE, "w", encoding="utf-8") as out:
         for product_id in chosen:
             out.write(json.dumps(records[product_id], ensure_ascii=False, default=str) + "\n")
-    shutil.copyfile(args.attributes, args.out / ATTRIBUTES_FILE)
+    (args.out / ATTRIBUTES_FILE).write_text(schema_file_text(schema.categories), encoding="utf-8")  # JSON, as named
     categories = dict(products)
     with open(args.out / DRAFT_FILE, "w", encoding="utf-8") as out:
         for product_id in chosen:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,14 @@ class AttributeSchema:
             {c: [[a.name, a.description] for a in attrs] for c, attrs in sorted(self.categories.items())},
             sort_keys=True,
         )
+
+
+def schema_file_text(categories: Mapping[str, tuple[Attribute, ...]]) -> str:
+    """A schema as the JSON file ``load_schema`` reads back to the same schema (categories,
+    attributes in order, descriptions): ``{category: {attribute: description or null}}``. What a
+    command writes as ``attributes.json``, whatever format (JSON or YAML) it was given."""
+    data = {category: {a.name: a.description for a in attrs} for category, attrs in categories.items()}
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
 
 
 def _check_unicode(text: str, what: str) -> None:

@@ -165,3 +165,18 @@ def test_json_text_refuses_a_key_given_twice_at_any_depth():
     with pytest.raises(ValueError) as caught:  # malformed JSON is not a key given twice
         jsontext.loads('{"a": ')
     assert not isinstance(caught.value, jsontext.KeyGivenTwice)
+
+
+def test_schema_file_text_reads_back_to_the_same_schema(tmp_path):
+    """A YAML schema copied as `attributes.json` was not JSON: commands write ``schema_file_text``,
+    which reads back (as JSON) to the same categories, attributes in order and descriptions."""
+    from pipelines.schema import load_schema, schema_file_text
+
+    yaml_file = tmp_path / "attributes.yaml"
+    yaml_file.write_text("Shoes:\n  Size: the US size\n  Brand:\n  Color: colour, as written\nTea: [Flavor, Form]\n'Home & Bath/Ü': [Material]\n")
+    schema = load_schema(str(yaml_file))
+    (tmp_path / "attributes.json").write_text(schema_file_text(schema.categories))
+    again = load_schema(str(tmp_path / "attributes.json"))
+    assert again == schema and again.to_json() == schema.to_json()
+    assert [a.name for a in again.attributes("Shoes")] == ["Size", "Brand", "Color"]
+    assert json.loads((tmp_path / "attributes.json").read_text())["Tea"] == {"Flavor": None, "Form": None}

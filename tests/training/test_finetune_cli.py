@@ -478,3 +478,18 @@ def test_validation_folder_from_gzipped_records_with_lines_that_are_not_objects(
     held_out = write_validation(sources, data.products[1:3], tmp_path / "out")
     assert (held_out / "records.jsonl").read_text() == lines[1] + "\n" + lines[2] + "\n"
     assert [json.loads(line)["product_id"] for line in (held_out / "gold.jsonl").read_text().splitlines()] == ["p1", "p2"]
+
+
+def test_a_yaml_schema_is_written_to_the_validation_folder_as_json(data_dir, tmp_path):
+    """The validation folder's attributes.json was the YAML --attributes copied as it was: the
+    README's next step (`hpd extract --attributes OUT/validation/attributes.json`) refused it."""
+    import yaml
+
+    from jobs.finetune import write_validation
+    from pipelines.schema import load_schema
+
+    (tmp_path / "attributes.yaml").write_text(yaml.safe_dump(ATTRIBUTES))
+    sources = gold.resolve_sources(data_dir, attributes=tmp_path / "attributes.yaml")
+    data = gold.load_gold(sources)
+    held_out = write_validation(sources, data.products[:2], tmp_path / "out")
+    assert load_schema(str(held_out / "attributes.json")) == load_schema(str(tmp_path / "attributes.yaml"))

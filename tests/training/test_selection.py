@@ -210,3 +210,23 @@ def test_cli_stops_reading_once_every_product_is_found(tmp_path, capsys, monkeyp
     argv = ["pick", str(output), "--attributes", str(tmp_path / "attributes.json"), "--count", "2", "--out", str(tmp_path / "label")]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["of"] == 3 and parsed == [0, 1, 2]
+
+
+def test_a_yaml_schema_is_written_as_json_attributes(tmp_path, capsys):
+    """A YAML --attributes was copied verbatim into attributes.json, which the next documented
+    command (`hpd finetune --train FOLDER`) refused as not JSON: it is written as the same schema in JSON."""
+    from pipelines.schema import load_schema
+
+    (tmp_path / "records.jsonl").write_text(json.dumps({"product_id": "1", "category": "Tea", "title": "Leafy green tea"}) + "\n")
+    (tmp_path / "attributes.yaml").write_text("Tea:\n  Flavor: the taste\n  Form:\n")
+    output = tmp_path / "run"
+    _job_output(output, [("1", "Tea", "Flavor", "green"), ("1", "Tea", "Form", None)])
+    argv = ["pick", str(output), "--input", str(tmp_path / "records.jsonl"), "--attributes", str(tmp_path / "attributes.yaml"),
+            "--count", "1", "--out", str(tmp_path / "label")]
+    assert main(argv) == 0
+    written = load_schema(str(tmp_path / "label" / "attributes.json"))  # JSON, by its name
+    assert written == load_schema(str(tmp_path / "attributes.yaml"))
+    (tmp_path / "label" / "gold.jsonl").write_text((tmp_path / "label" / "gold-draft.jsonl").read_text())
+    from training import data
+
+    assert data.load_gold(data.resolve_sources(tmp_path / "label")).products[0].values == ("green", None)
