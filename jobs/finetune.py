@@ -162,10 +162,12 @@ def plain_args(args: argparse.Namespace, skip=("func",)) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in skip}
 
 
-def run_identity(args: argparse.Namespace, data_stats: dict) -> dict:
+def run_identity(args: argparse.Namespace, data_stats: dict, data_digest: str | None = None) -> dict:
     """What a run's result depends on: its command's options (not those of one sitting:
-    ``SITTING_OPTIONS``) and the data it read."""
-    return {"options": plain_args(args, SITTING_OPTIONS), "data": data_stats}
+    ``SITTING_OPTIONS``) and the data it read: its counts and the digest of its content
+    (``training.data.digest``)."""
+    identity = {"options": plain_args(args, SITTING_OPTIONS), "data": data_stats}
+    return identity if data_digest is None else {**identity, "data_digest": data_digest}
 
 
 def check_resume(checkpoints: Path, identity: dict) -> None:
@@ -181,6 +183,12 @@ def check_resume(checkpoints: Path, identity: dict) -> None:
               if first["options"].get(k) != v]  # fmt: skip
     if first["data"] != identity["data"]:
         differ.append(f"the data ({first['data']} then, {identity['data']} now)")
+    elif "data_digest" not in first:  # a run.json from before the digest: its counts are all there is to check
+        logging.warning("--resume: %s predates the data's digest: only the data's counts are checked, not its "
+                        "values (the same records, schema and gold as the first sitting's?)", path)
+    elif first["data_digest"] != identity.get("data_digest"):
+        differ.append("the data's content (the same counts, other values: a gold value, a record's text or the schema "
+                      f"changed; digest {first['data_digest'][:12]} then, {str(identity.get('data_digest'))[:12]} now)")
     if differ:
         raise ValueError(f"--resume: this command differs from the run's first sitting in {', '.join(differ)}: "
                          f"resume with the same options, or start a new run in another --out")  # fmt: skip
@@ -322,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     checkpoints = args.out / "checkpoint"
     if args.resume and not (checkpoints / "checkpoint.pt").is_file():
         raise ValueError(f"--resume: no checkpoint in {checkpoints}")
-    identity = run_identity(args, data.stats)
+    identity = run_identity(args, data.stats, gold.digest(data))
     if args.resume:
         check_resume(checkpoints, identity)
     else:

@@ -21,8 +21,10 @@ records and records without targets are skipped and counted in ``TrainingData.st
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold, unknown_attributes
@@ -126,6 +128,17 @@ def count_not_in_text(products: list[Labeled], stats: dict) -> None:
         product, value = missing[0]
         stats["targets_not_in_text"] = len(missing)
         stats["target_not_in_text_example"] = f"{value!r} for {product.product.product_id}"
+
+
+def digest(data: TrainingData) -> str:
+    """SHA-256 of what the run learns from: each product's category, text and target values (in
+    order) and the schema's attributes with their descriptions. `hpd finetune --resume` compares it
+    with the first sitting's, so that changed gold values (same counts) are not trained on silently."""
+    content = {
+        "products": [[p.category, asdict(p.product), list(p.values)] for p in data.products],
+        "attributes": {c: [[a.name, a.description] for a in attrs] for c, attrs in data.attributes.items()},
+    }
+    return hashlib.sha256(json.dumps(content, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
 
 
 def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:

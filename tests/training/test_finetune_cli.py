@@ -493,3 +493,31 @@ def test_a_yaml_schema_is_written_to_the_validation_folder_as_json(data_dir, tmp
     data = gold.load_gold(sources)
     held_out = write_validation(sources, data.products[:2], tmp_path / "out")
     assert load_schema(str(held_out / "attributes.json")) == load_schema(str(tmp_path / "attributes.yaml"))
+
+
+def test_resume_refuses_other_data_of_the_same_counts(data_dir, tmp_path, caplog):
+    """The run's data identity was only counts: a --resume after a gold value changed went on with
+    it. The identity holds a digest of the data's content; a run.json from before the digest is
+    resumed with a warning (its counts still checked)."""
+    import argparse
+
+    from jobs.finetune import RUN_FILE, check_resume, run_identity
+
+    folder = tmp_path / "changed"
+    folder.mkdir()
+    for name in ("records.jsonl", "attributes.json", "gold.jsonl"):
+        (folder / name).write_text((data_dir / name).read_text())
+    args = argparse.Namespace(train=folder, lr=1e-2)
+    data = gold.load_gold(gold.resolve_sources(folder))
+    first = run_identity(args, data.stats, gold.digest(data))
+    (tmp_path / RUN_FILE).write_text(json.dumps(first))
+    check_resume(tmp_path, run_identity(args, data.stats, gold.digest(gold.load_gold(gold.resolve_sources(folder)))))
+    (folder / "gold.jsonl").write_text((data_dir / "gold.jsonl").read_text().replace('"black"', '"loafer"'))
+    changed = gold.load_gold(gold.resolve_sources(folder))
+    assert changed.stats == data.stats  # the counts alone cannot tell
+    with pytest.raises(ValueError, match=r"the data's content \(the same counts, other values"):
+        check_resume(tmp_path, run_identity(args, changed.stats, gold.digest(changed)))
+    (tmp_path / RUN_FILE).write_text(json.dumps({k: v for k, v in first.items() if k != "data_digest"}))  # an older run.json
+    caplog.set_level("WARNING")
+    check_resume(tmp_path, run_identity(args, changed.stats, gold.digest(changed)))
+    assert "predates the data's digest: only the data's counts are checked" in caplog.text
