@@ -23,6 +23,7 @@ from pipelines.schema import id_of
 RECORDS_FILE = "records.jsonl"
 ATTRIBUTES_FILE = "attributes.json"
 GOLD_FILE = "gold.jsonl"
+GOLD_DRAFT_FILE = "gold-draft.jsonl"  # `hpd pick`'s: the model's values, to correct and save as gold.jsonl
 NULL_GOLD = "n/a"  # a gold value meaning: the product has none
 
 

@@ -312,6 +312,9 @@ def run(args: argparse.Namespace) -> int:
 
     sources = gold.resolve_sources(args.train, args.attributes, args.gold)
     data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
+    if not args.teacher and (draft := gold.uncorrected_draft(sources)) is not None:
+        logging.warning("%s is %s as `hpd pick` wrote it: the labels are the model's own uncorrected values, "
+                        "which teach it nothing new; correct the draft's values first", sources.gold, draft)
     train_products, val_products = split(data.products, args.val_fraction, config.seed)
     check_out(args.out, args.resume)
     logging.info("data: %s", json.dumps(data.stats))

@@ -22,12 +22,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from datafiles.dataset import ATTRIBUTES_FILE, RECORDS_FILE, gold_draft
+from datafiles.dataset import ATTRIBUTES_FILE, GOLD_DRAFT_FILE, RECORDS_FILE, gold_draft
 from pipelines.reader import ReadConfig
 from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, schema_file_text, validate_record
 from training.selection import SelectionConfig, select
 
-DRAFT_FILE = "gold-draft.jsonl"
+DRAFT_FILE = GOLD_DRAFT_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from datafiles.dataset import ATTRIBUTES_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold, unknown_attributes
+from datafiles.dataset import ATTRIBUTES_FILE, GOLD_DRAFT_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold, unknown_attributes
 from datafiles.predictions import attribute_files, read_columns
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
@@ -154,6 +154,10 @@ def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
 def load_gold(sources: Sources) -> TrainingData:
     """Records joined with ``gold.jsonl`` (see module doc)."""
     if not sources.gold.is_file():
+        draft = sources.gold.with_name(GOLD_DRAFT_FILE)
+        if draft.is_file():
+            raise ValueError(f"gold file {sources.gold} not found, only `hpd pick`'s draft {draft}: correct the draft "
+                             f"(the model's values; n/a where the product has none) and save it as {sources.gold}")
         raise ValueError(f"gold file {sources.gold} not found: pass --gold, or --teacher for distillation")
     schema = load_schema(str(sources.attributes))
     accepted, stats, ids = accepted_records(sources.records, schema)
@@ -185,6 +189,15 @@ def load_gold(sources: Sources) -> TrainingData:
         stats["gold_category_differs"] = len(other_category)
         stats["gold_category_differs_example"] = other_category[0]
     return _finish(products, schema, stats)
+
+
+def uncorrected_draft(sources: Sources) -> Path | None:
+    """The ``hpd pick`` draft beside the gold file when the gold is that draft byte for byte (the
+    model's own values, not corrected): training on it teaches the model what it already says."""
+    draft = sources.gold.with_name(GOLD_DRAFT_FILE)
+    if draft.is_file() and sources.gold.is_file() and draft.read_bytes() == sources.gold.read_bytes():
+        return draft
+    return None
 
 
 def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int]:

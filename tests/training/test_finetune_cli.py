@@ -521,3 +521,26 @@ def test_resume_refuses_other_data_of_the_same_counts(data_dir, tmp_path, caplog
     caplog.set_level("WARNING")
     check_resume(tmp_path, run_identity(args, changed.stats, gold.digest(changed)))
     assert "predates the data's digest: only the data's counts are checked" in caplog.text
+
+
+def test_an_uncorrected_draft_is_warned_of_and_a_draft_alone_says_what_to_do(data_dir, tmp_path, capsys, caplog):
+    """`hpd pick` writes gold-draft.jsonl, the model's values to correct: with only the draft, the
+    missing-gold error says to correct it and save it as gold.jsonl; a gold.jsonl byte for byte the
+    draft (the model's own values) is warned of."""
+    folder = tmp_path / "label"
+    folder.mkdir()
+    for name in ("records.jsonl", "attributes.json"):
+        (folder / name).write_text((data_dir / name).read_text())
+    (folder / "gold-draft.jsonl").write_text((data_dir / "gold.jsonl").read_text())
+    argv = ["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none")]
+    assert main(argv) == 2
+    assert (f"gold file {folder / 'gold.jsonl'} not found, only `hpd pick`'s draft {folder / 'gold-draft.jsonl'}: correct "
+            f"the draft (the model's values; n/a where the product has none) and save it as {folder / 'gold.jsonl'}") in capsys.readouterr().err
+    (folder / "gold.jsonl").write_text((data_dir / "gold.jsonl").read_text())
+    caplog.set_level("WARNING")
+    assert main(argv) != 0
+    assert f"{folder / 'gold.jsonl'} is {folder / 'gold-draft.jsonl'} as `hpd pick` wrote it: the labels are the model's own" in caplog.text
+    caplog.clear()
+    (folder / "gold.jsonl").write_text((data_dir / "gold.jsonl").read_text().replace('"black"', '"loafer"'))  # corrected
+    assert main(argv) != 0
+    assert "as `hpd pick` wrote it" not in caplog.text
