@@ -141,6 +141,18 @@ def digest(data: TrainingData) -> str:
     return hashlib.sha256(json.dumps(content, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
 
 
+NONE_WORDS = ("n/a", "null", "none")  # any case: meant as none, but only "n/a" is none (NULL_GOLD)
+
+
+def count_none_words(products: list[Labeled], stats: dict) -> None:
+    """Count target values that are a word for none other than ``n/a`` itself (``N/A``, ``null``,
+    ``None``): they are trained as those words. Into ``stats`` only when there are any."""
+    words = Counter(v for p in products for v in p.values if v is not None and v.casefold() in NONE_WORDS)
+    if words:
+        stats["none_words"] = sum(words.values())
+        stats["none_words_written"] = ", ".join(f"{word!r} {n}" for word, n in words.most_common())
+
+
 def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
     if not products:
         raise ValueError(f"no training products left after joining records and targets: {stats}")
@@ -148,6 +160,7 @@ def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
     stats["slots"] = sum(len(p.values) for p in products)
     stats["null_targets"] = sum(v is None for p in products for v in p.values)
     count_not_in_text(products, stats)
+    count_none_words(products, stats)
     return TrainingData(products, dict(schema.categories), stats)
 
 

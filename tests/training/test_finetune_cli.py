@@ -544,3 +544,28 @@ def test_an_uncorrected_draft_is_warned_of_and_a_draft_alone_says_what_to_do(dat
     (folder / "gold.jsonl").write_text((data_dir / "gold.jsonl").read_text().replace('"black"', '"loafer"'))  # corrected
     assert main(argv) != 0
     assert "as `hpd pick` wrote it" not in caplog.text
+
+
+def test_words_for_none_and_gold_of_nothing_but_none_are_warned_of(data_dir, tmp_path, caplog):
+    """Gold values written "N/A", "null", "None" were trained as those words: counted, named and
+    warned of (none is {"n/a": 1}); gold whose every value is none is warned of."""
+    folder = tmp_path / "none"
+    folder.mkdir()
+    for name in ("records.jsonl", "attributes.json"):
+        (folder / name).write_text((data_dir / name).read_text())
+    rows = [{"product_id": f"p{i}", "category": c, "target_scores": g} for i, (c, _, g) in enumerate(TITLES)]
+    rows[0]["target_scores"] = {"Brand": {"N/A": 1}, "Color": {"null": 1}, "Size": {"N/A": 1}}
+    rows[1]["target_scores"] = {"Brand": {"None": 1}}
+    write_jsonl(folder / "gold.jsonl", rows)
+    data = gold.load_gold(gold.resolve_sources(folder))
+    assert (data.stats["none_words"], data.stats["none_words_written"]) == (4, "'N/A' 2, 'null' 1, 'None' 1")
+    assert "none_words" not in gold.load_gold(gold.resolve_sources(data_dir)).stats
+    argv = ["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "nothing")]
+    caplog.set_level("WARNING")
+    assert main(argv) != 0
+    assert """4 target values are a word for none ('N/A' 2, 'null' 1, 'None' 1): they are trained as those words; none is written {"n/a": 1}""" in caplog.text
+    assert "every one of the" not in caplog.text
+    write_jsonl(folder / "gold.jsonl", [{**row, "target_scores": {"Brand": {"n/a": 1}}} for row in rows])
+    caplog.clear()
+    assert main(argv) != 0
+    assert "every one of the 16 target values is none (n/a or left out)" in caplog.text
