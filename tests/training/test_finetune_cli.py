@@ -163,7 +163,9 @@ def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
     val_ids = [json.loads(line)["product_id"] for line in (validation / "records.jsonl").read_text().splitlines()]
     gold_ids = [json.loads(line)["product_id"] for line in (validation / "gold.jsonl").read_text().splitlines()]
     assert len(val_ids) == 2 and gold_ids == val_ids
-    assert json.loads((validation / "attributes.json").read_text()) == ATTRIBUTES
+    from datafiles.dataset import read_attributes
+
+    assert read_attributes(str(validation / "attributes.json")) == ATTRIBUTES  # the schema, written as JSON
     assert main(argv + ["--resume"]) == 2  # nothing to resume
     assert "no checkpoint" in capsys.readouterr().err
     model, _ = load_model(ModelConfig(name=str(model_dir), adapter=str(out)))
