@@ -151,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
     if len(chosen) > config.count:
         print(f"  more than --count {config.count}: at least {config.min_per_category} of each of the "
               f"{len(per_category)} categories (--min-per-category)", file=sys.stderr)
+    elif len(chosen) < config.count:
+        print(f"  fewer than --count {config.count}: the output holds only {len(products)} products of its input: "
+              "all of them", file=sys.stderr)
     print(f"  correct {args.out / DRAFT_FILE} (the model's values; n/a: none) and save it as {args.out / 'gold.jsonl'}, "
           f"then: hpd finetune --train {args.out} --init-adapter default --dtype auto --out ADAPTER", file=sys.stderr)
     print(json.dumps({"picked": len(chosen), "of": len(products), "not_in_input": missing, "seed": config.seed,

@@ -210,6 +210,9 @@ def test_cli_stops_reading_once_every_product_is_found(tmp_path, capsys, monkeyp
     argv = ["pick", str(output), "--attributes", str(tmp_path / "attributes.json"), "--count", "2", "--out", str(tmp_path / "label")]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["of"] == 3 and parsed == [0, 1, 2]
+    argv[argv.index("--count") + 1], argv[-1] = "5", str(tmp_path / "label2")
+    assert main(argv) == 0
+    assert "fewer than --count 5: the output holds only 3 products of its input: all of them" in capsys.readouterr().err
 
 
 def test_a_yaml_schema_is_written_as_json_attributes(tmp_path, capsys):
