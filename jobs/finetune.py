@@ -36,7 +36,8 @@ CONFIG_FILE = "training_config.json"
 EPOCH_FILE = "epoch.json"  # in OUT/epoch-N/ with --save-epochs: epoch, optimizer steps, validation loss
 DEFAULT_VAL_FRACTION = 0.1
 TRAIN_DEFAULTS = TrainConfig()  # the defaults the help texts name
-INTERRUPTED = "the same command with --resume continues from the last checkpoint (OUT/checkpoint/, saved every --checkpoint-minutes)"
+INTERRUPTED = ("the same command with --resume continues from the last checkpoint (OUT/checkpoint/, saved every "
+               "--checkpoint-minutes; before the first one, the same command without --resume starts over)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,6 +206,10 @@ def check_out(out: Path, resume: bool) -> None:
     if (out / "checkpoint" / "checkpoint.pt").is_file():
         raise ValueError(f"{out / 'checkpoint'} holds a checkpoint of an earlier run: pass --resume to continue it, "
                          "or choose another --out")
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {"checkpoint", VALIDATION_DIR, ATTRIBUTES_FILE} \
+            and not any((out / "checkpoint").glob("*.pt")):  # a first sitting that stopped before its first checkpoint
+        logging.warning("--out %s holds what a run that stopped before its first checkpoint wrote: starting it over", out)
+        return
     if out.is_dir() and (held := sorted(p.name for p in out.iterdir())):
         raise ValueError(f"--out {out} is not empty (it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}: "
                          "an earlier run's?): pass a new or empty folder, or remove that one; --resume continues a "
@@ -323,6 +328,9 @@ def run(args: argparse.Namespace) -> int:
                         "which teach it nothing new; correct the draft's values first", sources.gold, draft)
     train_products, val_products = split(data.products, args.val_fraction, config.seed)
     check_out(args.out, args.resume)
+    if args.resume and not (args.out / "checkpoint" / "checkpoint.pt").is_file():  # before the model loads
+        raise ValueError(f"--resume: no checkpoint in {args.out / 'checkpoint'}: the run stopped before its first one; "
+                         "run the same command without --resume to start it over")
     logging.info("data: %s", json.dumps(data.stats))
     warn_about_data(data.stats, sources)
     attributes = data.attributes

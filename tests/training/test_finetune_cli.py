@@ -433,6 +433,15 @@ def test_a_second_run_into_a_used_out_is_refused(data_dir, model_dir, tmp_path, 
     (tmp_path / "file").write_text("")
     assert main([*argv[:6], str(tmp_path / "file"), *argv[7:]]) == 2
     assert "is a file" in capsys.readouterr().err
+    # a first sitting that stopped before its first checkpoint (run.json and validation/ written):
+    # --resume says so before the model loads, and the same command starts it over
+    partial = tmp_path / "partial"
+    (partial / "checkpoint").mkdir(parents=True)
+    (partial / "checkpoint" / "run.json").write_text("{}")
+    (partial / "validation").mkdir()
+    assert main([*argv[:6], str(partial), *argv[7:], "--resume"]) == 2
+    assert "the run stopped before its first one; run the same command without --resume" in capsys.readouterr().err
+    assert main([*argv[:6], str(partial), *argv[7:]]) == 0 and (partial / "adapter_model.safetensors").is_file()
 
 
 def test_gold_lines_without_a_record_and_rejected_records_are_counted_and_warned_of(data_dir, tmp_path, caplog):
