@@ -85,7 +85,12 @@ def load_all(output: str) -> list[Attempt]:
     attempts = []
     for uri in io.list_files(io.join(output, DIRECTORY)):
         if uri.endswith(".json"):
-            data = io.read_json(uri)
+            try:
+                data = io.read_json(uri)
+            except (ValueError, OSError) as err:  # removed since the listing (an attempt that gave way), or broken
+                if io.exists(uri):
+                    log.warning("attempt record %s is not readable, left out: %s", uri, err)
+                continue
             attempts.append(Attempt(**{name: data[name] for name in Attempt.__dataclass_fields__ if name in data}))
     return sorted(attempts, key=lambda a: a.started_at)
 
@@ -117,8 +122,8 @@ def running(output: str, mine: Attempt | None, heartbeat_seconds: float, now: fl
         if (mine is not None and other.name == mine.name) or other.ended or now - other.updated_at > 3 * heartbeat_seconds:
             continue
         host, pid = _host_and_pid(other.name)
-        if host == socket.gethostname() and pid is not None and not _process_exists(pid):
-            continue
+        if host == socket.gethostname() and pid is not None and (pid == os.getpid() or not _process_exists(pid)):
+            continue  # this process's own pid: a killed driver's, reused (a container started again)
         found.append(other)
     return found
 
@@ -164,14 +169,16 @@ class Heartbeat:
         with self._lock:
             self.attempt = replace(self.attempt, device=device, devices=devices, price_per_hour=price_per_hour)
 
-    def stop(self) -> Attempt:
+    def stop(self, write: bool = True) -> Attempt:
         """The attempt as of now, its record refreshed once more and marked ended (a failure to
-        write it is logged: the job's report, written next, holds the same time). Stopping again
-        returns the same attempt and writes nothing."""
+        write it is logged: the job's report, written next, holds the same time); ``write`` False:
+        the record is left as it is (the output is about to be deleted). Stopping again returns the
+        same attempt and writes nothing."""
         if self._stop.is_set():
             return self.attempt
         self._stop.set()
         self._thread.join()
         self.attempt = replace(self.attempt, ended=True)
-        self._refresh()
+        if write:
+            self._refresh()
         return self.attempt

@@ -401,7 +401,7 @@ def empty_job(
     started = time.time()
     commit.claim_output(output.uri, output.run_id, arguments)
     attempt = attempts.save(output.uri, attempts.Attempt(
-        attempts.name_for(started), started, time.time(), "cpu", 0, report.price("cpu")))
+        attempts.name_for(started), started, time.time(), "cpu", 0, report.price("cpu"), ended=True))
     result = build_report(_meta(prepare, extract, output, skip_existing), Stats(), Stats(), [attempt], attempt)
     write_report(output.uri, result)
     return result
@@ -433,12 +433,15 @@ def run_job(
         return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,
                     resumed, heartbeat)
     except BaseException:
-        attempt = heartbeat.stop()
-        # a job this attempt began that committed nothing leaves nothing behind (not even a finished
-        # id index: the corrected command may differ), unless another attempt works on it now
-        if not resumed and not commit.scan(output.uri).manifests \
-                and not attempts.running(output.uri, attempt, progress.heartbeat_seconds):
+        # a job that committed nothing leaves nothing behind (a corrected command may differ), unless
+        # another attempt works on it now; decided while this attempt's record still says it runs
+        # (an attempt starting meanwhile gives way), and the heartbeat stopped before anything is deleted
+        if not commit.scan(output.uri).manifests and not attempts.running(output.uri, heartbeat.attempt,
+                                                                          progress.heartbeat_seconds):
+            heartbeat.stop(write=False)
             commit.discard(output.uri)
+        else:
+            heartbeat.stop()
         raise
 
 

@@ -135,15 +135,18 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
         "ended": attempts.Attempt(f"{int(now * 1000) - 3:015d}-other-host-9", now - 9, now - 1, "gpu", 1, 3.77, ended=True),
         "dead here": attempts.Attempt(here(int(gone.stdout)), now - 5, now - 1, "cpu", 2, 0.0425),
         "alive here": attempts.Attempt(here(os.getppid()), now - 5, now - 1, "cpu", 2, 0.0425),
+        "my pid, reused": attempts.Attempt(here(os.getpid()), now - 5, now - 1, "cpu", 2, 0.0425),
     }
     for record in records.values():
         attempts.save(output, record)
     found = {a.name for a in attempts.running(output, mine, heartbeat_seconds=15)}
     assert found == {records["elsewhere"].name, records["alive here"].name}  # never mine
-    assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found | {mine.name}
+    assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found  # mine: this process's pid
     with pytest.raises(ValueError, match=r"another `hpd extract` is working on .*out \(attempt .*: host other-host, "
                        r"pid 7, last seen 10 s ago\).*counts as running for 45 s"):
         attempts.refuse_if_running(output, mine, heartbeat_seconds=15)
+    (tmp_path / "out" / attempts.DIRECTORY / "broken.json").write_text("{")  # left out of the records, with a warning
+    assert len(attempts.load_all(output)) == len(records) + 1
     attempts.remove(output, records["elsewhere"])
     attempts.remove(output, records["alive here"])
     attempts.refuse_if_running(output, mine, heartbeat_seconds=15)  # nothing else running
