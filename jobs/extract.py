@@ -257,9 +257,8 @@ def run(args: argparse.Namespace) -> int:
     plan = preflight(config, args)  # every check; nothing written yet
     if plan.input_modified:
         print("hpd extract: warning: files of --input were modified since this job started (their modification "
-              "times differ): if one was rewritten, the values already written are the old content's, a resume stops "
-              "at a committed chunk whose rows changed, and the rows not yet done are judged by the id index of the "
-              "old content (duplicates by position); --overwrite starts the job over, a new --output keeps this one",
+              "times differ): if one was rewritten, the values already written are the old content's, and a resume "
+              "stops at the first chunk whose rows changed; --overwrite starts the job over, a new --output keeps this one",
               file=sys.stderr)
     if plan.ignored:
         print(f"hpd extract: warning: {len(plan.ignored)} file(s) of --input are not read, as their names (or a folder's) "

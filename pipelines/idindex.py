@@ -91,6 +91,7 @@ class ShardIndex:
 
     rows: int  # rows the shard had when the index was built
     verdicts: tuple[tuple[str, int, int], ...]  # (slotted file, start, end): this shard's verdict rows
+    digests: tuple[str, ...] = ()  # each chunk's reader.chunk_digest then (none in indexes before 2026-11-29)
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,12 @@ def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> 
     if [s["shard_id"] for s in index["shards"]] != [s.shard_id for s in shards]:
         raise ValueError(f"the input of {output_uri} changed since this run started (its files or sizes differ); "
                          "use a new --output")
-    build = io.join(directory, index["build"])
-    return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]))
-            for s in index["shards"]]
+    return _shard_indexes(index, io.join(directory, index["build"]))
+
+
+def _shard_indexes(index: dict, build: str) -> list[ShardIndex]:
+    return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]),
+                       tuple(s.get("digests", ()))) for s in index["shards"]]
 
 
 def run_bounded(submit: Callable[[int], ray.ObjectRef], count: int, task_cpus: float) -> list:
@@ -225,10 +229,10 @@ def build_index(
     shard_groups = map_groups(shards, group_bytes(shards, config.map_bytes, cpus))
     mapped = run_bounded(lambda i: MAP_SHARDS.options(**task).remote(shard_groups[i], settings, build, limit),
                          len(shard_groups), config.cpus)
-    rows = [0] * len(shards)
+    rows, digests = [0] * len(shards), [[] for _ in shards]
     for result in mapped:
-        for ordinal, count in result["rows"]:
-            rows[ordinal] = count
+        for ordinal, count, chunk_digests in result["rows"]:
+            rows[ordinal], digests[ordinal] = count, chunk_digests
     manifest_groups = [earlier.manifests[i : i + MANIFESTS_PER_TASK] for i in range(0, len(earlier.manifests), MANIFESTS_PER_TASK)]
     mapped_earlier = [run for runs in run_bounded(
         lambda i: MAP_MANIFESTS.options(**task).remote(i, manifest_groups[i], build, limit), len(manifest_groups),
@@ -266,7 +270,8 @@ def build_index(
                 verdicts[starts[g] + n].append((result["verdicts"], int(offsets[n]), int(offsets[n + 1])))
     index = {
         "build": name,
-        "shards": [{"shard_id": s.shard_id, "rows": n, "verdicts": v} for s, n, v in zip(shards, rows, verdicts)],
+        "shards": [{"shard_id": s.shard_id, "rows": n, "verdicts": v, "digests": d}
+                   for s, n, v, d in zip(shards, rows, verdicts, digests)],
         "ids": [r["ids"] for r in reduced if r["ids"]],  # their slots [lo, hi): counts and byte offsets
         "fine_bits": FINE_BITS,
         "ids_per_partition": limit,
@@ -280,8 +285,7 @@ def build_index(
         io.delete_if_exists(uri)  # the maps' runs and the intervals' verdicts: all gathered
     log.info("id index: %d intervals, %d duplicates, %d rows already in earlier outputs (%.1f s)", len(intervals),
              index["duplicates"], index["existing"], index["seconds"])
-    return [ShardIndex(s["rows"], tuple((io.join(build, uri), a, b) for uri, a, b in s["verdicts"]))
-            for s in index["shards"]]
+    return _shard_indexes(index, build)
 
 
 def ensure_index(
@@ -304,9 +308,9 @@ def shard_verdicts(index: ShardIndex) -> np.ndarray:
 
 def to_json(index: ShardIndex) -> str:
     """A shard's index as text, to travel with its shard through Ray Data."""
-    return json.dumps({"rows": index.rows, "verdicts": index.verdicts})
+    return json.dumps({"rows": index.rows, "verdicts": index.verdicts, "digests": index.digests})
 
 
 def from_json(text: str) -> ShardIndex:
     data = json.loads(text)
-    return ShardIndex(data["rows"], tuple(tuple(v) for v in data["verdicts"]))
+    return ShardIndex(data["rows"], tuple(tuple(v) for v in data["verdicts"]), tuple(data.get("digests", ())))

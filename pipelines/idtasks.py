@@ -63,14 +63,15 @@ def _release() -> None:
 def map_shards(group: list[tuple[int, reader.Shard]], prepare: PrepareConfig, build: str, limit: int) -> dict:
     """Map step of a group of shards ((ordinal, shard) pairs, idindex.map_groups): read each as the
     prepare stage will, write their id rows together as runs (a run holds rows of several shards, each
-    row naming its own). Returns each shard's row count and the runs."""
+    row naming its own). Returns each shard's row count and chunks' digests, and the runs."""
     writer, rows = _RunWriter(io.join(build, "map", f"{group[0][0]:06d}"), limit), []
     for ordinal, shard in group:
-        count = 0
+        count, digests = 0, []
         for _, records in reader.iter_chunks(shard, prepare.read):
             count += len(records)
+            digests.append(reader.chunk_digest(records))
             writer.add(dedup.id_rows(ordinal, records, prepare.schema, prepare.validation))
-        rows.append((ordinal, count))
+        rows.append((ordinal, count, digests))
     runs = writer.flush()
     _release()
     return {"rows": rows, "runs": runs}

@@ -11,7 +11,6 @@ writer; nothing is dropped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,43 +123,41 @@ def prepare_chunk(records: list[reader.RawRecord], config: PrepareConfig, verdic
     return rows
 
 
-def chunk_digest(records: list[reader.RawRecord]) -> str:
-    """A chunk's rows as read (their text, in order): a committed chunk must read the same when a
-    resume passes over it, or the input changed under the job."""
-    digest = hashlib.blake2b(digest_size=16)
-    for record in records:
-        digest.update(record.text.encode("utf-8", "surrogatepass") + b"\n")
-    return digest.hexdigest()
-
-
 def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]:
-    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk. A committed
-    chunk (``skip``) is passed over; where its manifest keeps its digest (``digests``, since
-    2026-11-29) it is read and must read the same."""
+    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk. Each chunk
+    must read as it did when the id index was built (``ShardIndex.digests``) and, if committed, as
+    its manifest says (``digests``): else the input changed under the job, and the index's verdicts
+    (by row position) and the committed chunks no longer fit it. Indexes and manifests from before
+    2026-11-29 keep no digests: their committed chunks are passed over unread, as then."""
     for shard_row in batch.to_pylist():
         skip = frozenset(shard_row.pop("skip"))
         digests = {int(i): d for i, d in json.loads(shard_row.pop("digests", None) or "{}").items()}
-        verdicts = shard_verdicts(from_json(shard_row.pop("index")))
+        index = from_json(shard_row.pop("index"))
+        verdicts = shard_verdicts(index)
         shard = reader.Shard(**shard_row)
-        chunks, read = 0, reader.iter_chunks(shard, config.read, skip - set(digests))
+        unread = frozenset() if index.digests else skip - set(digests)
+        chunks, read = 0, reader.iter_chunks(shard, config.read, unread)
         while True:
             try:
-                index, records = next(read)
+                i, records = next(read)
             except StopIteration as end:
                 rows_read = end.value
                 break
             chunks += 1
             if records is None:  # committed by an earlier attempt (before chunks kept their digest)
                 continue
-            key, digest = chunk_key(shard.shard_id, index), chunk_digest(records)
-            if index in skip:  # committed by an earlier attempt: the same rows, or the input changed
-                if digests[index] != digest:
+            key, digest = chunk_key(shard.shard_id, i), reader.chunk_digest(records)
+            if index.digests and (i >= len(index.digests) or index.digests[i] != digest):
+                raise RuntimeError(f"the rows of chunk {key} ({shard.uri}) are not those the id index read when the "
+                                   "job began: the input changed under the job; use a new --output")
+            if i in skip:  # committed by an earlier attempt: the same rows, or the input changed
+                if i in digests and digests[i] != digest:
                     raise RuntimeError(f"the rows of chunk {key} ({shard.uri}) are not those an earlier attempt "
                                        "committed: the input changed under the job; use a new --output")
                 continue
             rows = prepare_chunk(records, config, verdicts)
             payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
-            chunk = {"chunk": key, "shard": shard.shard_id, "index": index, "rows_in": len(rows), "payload": payload,
+            chunk = {"chunk": key, "shard": shard.shard_id, "index": i, "rows_in": len(rows), "payload": payload,
                      "digest": digest}
             yield pa.Table.from_pylist([chunk], schema=CHUNK_SCHEMA)
         expected = min(len(verdicts), shard.max_rows or len(verdicts))

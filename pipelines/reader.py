@@ -370,6 +370,15 @@ def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
     return RawRecord(row, value, text)
 
 
+def chunk_digest(records: list[RawRecord]) -> str:
+    """A chunk's rows as read (their text, in order), kept by the id index and each manifest: a
+    chunk must read the same on every pass, or the input changed under the job."""
+    digest = hashlib.blake2b(digest_size=16)
+    for record in records:
+        digest.update(record.text.encode("utf-8", "surrogatepass") + b"\n")
+    return digest.hexdigest()
+
+
 def iter_records(shard: Shard, config: ReadConfig) -> Iterator[RawRecord]:
     """A shard's rows in file order, parsed, each with its index in the shard (the order the
     duplicate rule goes by: file, shard, row), whatever ``group_chunks`` is."""
