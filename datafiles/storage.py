@@ -77,7 +77,8 @@ def read_text(uri: str | Path) -> str:
     except FileNotFoundError as err:
         raise ValueError(f"file not found: {uri}") from err
     try:
-        return (gzip.decompress(data) if data[:2] == GZIP_MAGIC else data).decode("utf-8")
+        # utf-8-sig: a leading byte-order mark (Excel, Windows tools) is dropped, as `hpd extract` drops it
+        return (gzip.decompress(data) if data[:2] == GZIP_MAGIC else data).decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise ValueError(f"{uri}: not UTF-8 text ({err.reason} at byte {err.start})") from err
 

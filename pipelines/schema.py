@@ -129,7 +129,7 @@ def load_schema(path: str) -> AttributeSchema:
     if not file.is_file():
         raise ValueError(f"attribute schema {path!r} does not exist or is not a file")
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a leading byte-order mark is dropped
     except UnicodeDecodeError as err:
         raise ValueError(f"attribute schema {path!r} is not UTF-8 text: {err}") from err
     return schema_from_text(text, path)

@@ -54,3 +54,15 @@ def test_read_text_errors(tmp_path: Path):
         read_text(tmp_path / "latin1.txt")
     with pytest.raises(ValueError, match="unsupported URI scheme 'gs'"):
         read_text("gs://bucket/x")
+
+
+def test_a_byte_order_mark_is_dropped_as_hpd_extract_drops_it(tmp_path: Path):
+    """Excel and Windows tools write UTF-8 with a byte-order mark: `hpd extract` read such records,
+    `hpd finetune`, `evaluate` and `convert` refused them (helper-26, session 51)."""
+    from pipelines.schema import load_schema
+
+    source = tmp_path / "gold.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + b'{"product_id": "a", "category": "Tea"}\n')
+    assert list(read_jsonl(source)) == [(1, {"product_id": "a", "category": "Tea"})]
+    (tmp_path / "attributes.json").write_bytes(b"\xef\xbb\xbf" + b'{"Tea": ["Flavor"]}')
+    assert [a.name for a in load_schema(str(tmp_path / "attributes.json")).attributes("Tea")] == ["Flavor"]
