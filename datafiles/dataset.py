@@ -53,6 +53,11 @@ def validate_target_scores(target_scores: object, where: str) -> dict[str, dict[
     return target_scores
 
 
+def _shown(value: object) -> str:
+    """What a field holds, for an error: ``missing``, or ``got`` and its value, cut short."""
+    return "missing" if value is None else f"got {type(value).__name__} {repr(value)[:50]}"
+
+
 def read_records(path: str | Path, limit: int | None = None) -> list[dict]:
     """``records.jsonl`` rows (the first ``limit``); errors name the 1-based line. An integer
     ``product_id`` reads as its decimal string, as the job reads it."""
@@ -63,7 +68,7 @@ def read_records(path: str | Path, limit: int | None = None) -> list[dict]:
         row = {**row, "product_id": id_of(row.get("product_id"))}
         for key in ("product_id", "category", "title"):
             if not isinstance(row.get(key), str) or not row[key]:
-                raise ValueError(f"{path} line {number}: '{key}' must be a non-empty string")
+                raise ValueError(f"{path} line {number}: '{key}' must be a non-empty string ({_shown(row.get(key))})")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no records")
@@ -79,7 +84,8 @@ def read_gold(uri: str) -> list[GoldExample]:
         row = {**row, "product_id": id_of(row.get("product_id"))}  # an integer id: its decimal string
         for key in ("product_id", "category"):
             if not isinstance(row.get(key), str) or not row[key]:
-                raise ValueError(f"{where}: '{key}' must be a non-empty string (is this a gold.jsonl from hpd convert?)")
+                raise ValueError(f"{where}: '{key}' must be a non-empty string ({_shown(row.get(key))}; "
+                                 "is this a gold.jsonl from hpd convert?)")
         if row["product_id"] in seen:
             raise ValueError(f"{where}: duplicate product_id {row['product_id']!r}")
         seen.add(row["product_id"])

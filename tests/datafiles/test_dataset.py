@@ -19,8 +19,8 @@ def test_read_records_takes_integer_ids_gzip_and_a_limit(tmp_path: Path):
 
 @pytest.mark.parametrize(("line", "message"), [
     ("[1, 2]", "line 2: expected a JSON object, got list"),
-    ('{"product_id": "x", "category": "Tea"}', "line 2: 'title' must be a non-empty string"),
-    ('{"product_id": 1.5, "category": "Tea", "title": "t"}', "line 2: 'product_id' must be a non-empty string"),
+    ('{"product_id": "x", "category": "Tea"}', r"line 2: 'title' must be a non-empty string \(missing\)"),
+    ('{"product_id": 1.5, "category": "Tea", "title": "t"}', r"line 2: 'product_id' must be a non-empty string \(got float 1.5\)"),
     ('{"product_id": "x", "category": "Tea", "title": "t", "title": "u"}', r"line 2: a key given more than once: \['title'\]"),
 ])
 def test_read_records_errors_name_the_line(tmp_path: Path, line: str, message: str):
