@@ -187,7 +187,7 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     # a file rewritten in place to the same size keeps its shards (a size that changed is refused
     # when the job's id index is read); its modification time is the first sign, and copying or
     # touching a file changes it too, so this is a warning (none for jobs from before the digest);
-    # the prepare stage refuses a chunk whose rows no longer read as the id index (or its manifest) says
+    # the prepare stage refuses a chunk whose rows no longer read as the id index says
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
                      tuple(plan.ignored), modified)

@@ -293,27 +293,18 @@ def _extract_stage(ds: ray.data.Dataset, extract: ExtractConfig, sizing: ActorSi
     )
 
 
-def _shard_row(shard: reader.Shard, index: idindex.ShardIndex, done: frozenset[int], digests: dict[str, str]) -> dict:
-    """A shard as the prepare stage takes it: its committed chunks (``skip``), the digests their
-    manifests keep (JSON: index -> digest) and its id index."""
-    kept = {i: digests[commit.chunk_key(shard.shard_id, i)] for i in done if commit.chunk_key(shard.shard_id, i) in digests}
-    return dict(asdict(shard), skip=sorted(done), digests=json.dumps(kept), index=idindex.to_json(index))
-
-
-def _committed(manifests: tuple[str, ...], cpus: float, run_id: str) -> tuple[Stats, dict[str, str]]:
+def _committed(manifests: tuple[str, ...], cpus: float, run_id: str) -> Stats:
     """The counters of chunks committed by earlier attempts of ``run_id``, read in parallel (no ids
-    are kept), and the digests of their rows (prepare.chunk_digest) by chunk key, where kept."""
-    stats, digests = Stats(), {}
+    are kept)."""
+    stats = Stats()
     if not manifests:
-        return stats, digests
+        return stats
     ds = ray.data.from_items([{"uri": uri} for uri in manifests]).map_batches(
         commit.committed_stats, batch_format="pyarrow", num_cpus=cpus, fn_kwargs={"run_id": run_id}
     )
     for row in ds.iter_rows():
         stats.add(json.loads(row["stats"]))
-        if row["digest"] is not None:
-            digests[row["chunk"]] = row["digest"]
-    return stats, digests
+    return stats
 
 
 def _stream(ds: ray.data.Dataset, line: ProgressLine) -> Stats:
@@ -481,9 +472,10 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             request_gpus(resources, chunks_at_least(to_do, prepare.read))
         index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
         todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
-        previous, digests = _committed(state.manifests, resources.io_cpus, output.run_id)
-        shards = [_shard_row(shard, shard_index, state.done.get(shard.shard_id, frozenset()), digests)
-                  for shard, shard_index in todo]
+        shards = [
+            dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
+            for shard, shard_index in todo
+        ]
         # chunks to do, at least (a chunk also closes at chunk_bytes; a resumed shard's committed chunks
         # are not done again): no more actors, nor tasks that write, than that
         chunks = sum(max(1, -(-_rows(shard, idx) // prepare.read.chunk_rows) - len(state.done.get(shard.shard_id, ())))
@@ -499,6 +491,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         heartbeat.sized(sizing.device, sizing.devices, report.price(sizing.device))
         counter = ProgressCounter.remote()
         try:
+            previous = _committed(state.manifests, resources.io_cpus, output.run_id)
             this_run = Stats()
             if shards:
                 total = sum(_rows(shard, idx) for shard, idx in zip(planned, index))

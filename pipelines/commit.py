@@ -199,7 +199,6 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
         manifest = {
             "chunk": row["chunk"],
             "run_id": output.run_id,
-            "digest": row.get("digest"),  # the chunk's rows as read: a resume checks a committed chunk reads the same
             "committed_at": time.time(),
             "stats": stats,
             "owned_ids": row["owned_ids"],
@@ -223,7 +222,5 @@ def committed_stats(batch: pa.Table, run_id: str) -> pa.Table:
         if manifest.get("run_id") != run_id:
             raise ValueError(f"{uri} was committed by run {manifest.get('run_id')}, not {run_id}, the run this output "
                              "holds: another job wrote here; use a new --output (or --overwrite once it has stopped)")
-        summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"]),
-                          "digest": manifest.get("digest")})
-    return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string()),
-                                                             ("digest", pa.string())]))
+        summaries.append({"chunk": manifest["chunk"], "stats": json.dumps(manifest["stats"])})
+    return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))

@@ -59,7 +59,6 @@ RESULT_SCHEMA = pa.schema(
         ("chunk", pa.string()),
         ("shard", pa.string()),
         ("index", pa.int64()),
-        ("digest", pa.string()),  # the chunk's rows as read (prepare.chunk_digest), for its manifest
         ("attributes", pa.binary()),  # Arrow IPC, commit.attributes_schema
         ("rejected", pa.binary()),  # Arrow IPC, REJECTED_SCHEMA
         ("categories", pa.list_(pa.string())),  # every category a partition file may exist for
@@ -414,7 +413,6 @@ class ExtractStage:
             "chunk": chunk["chunk"],
             "shard": chunk["shard"],
             "index": chunk["index"],
-            "digest": chunk.get("digest"),
             "attributes": io.table_to_bytes(pa.Table.from_pylist(attributes, schema=attributes_schema(self.config.decode.confidence))),
             "rejected": io.table_to_bytes(pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA)),
             "categories": sorted({row["category"] for row in rows if row["category"] is not None}),

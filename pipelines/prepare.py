@@ -11,7 +11,6 @@ writer; nothing is dropped.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -50,7 +49,6 @@ CHUNK_SCHEMA = pa.schema(
         ("index", pa.int64()),
         ("rows_in", pa.int64()),
         ("payload", pa.binary()),
-        ("digest", pa.string()),  # of the chunk's rows as read (``chunk_digest``), kept in its manifest
     ]
 )
 
@@ -124,18 +122,17 @@ def prepare_chunk(records: list[reader.RawRecord], config: PrepareConfig, verdic
 
 
 def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]:
-    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk. Each chunk
-    must read as it did when the id index was built (``ShardIndex.digests``) and, if committed, as
-    its manifest says (``digests``): else the input changed under the job, and the index's verdicts
-    (by row position) and the committed chunks no longer fit it. Indexes and manifests from before
-    2026-11-29 keep no digests: their committed chunks are passed over unread, as then."""
+    """Prepare stage (a Ray Data generator UDF): one output row per uncommitted chunk. Each chunk,
+    committed ones too, must read as it did when the id index was built (``ShardIndex.digests``):
+    else the input changed under the job, and neither the index's verdicts (by row position) nor
+    the committed chunks fit it. Indexes from before 2026-11-29 keep no digests: their committed
+    chunks are passed over unread, as then."""
     for shard_row in batch.to_pylist():
         skip = frozenset(shard_row.pop("skip"))
-        digests = {int(i): d for i, d in json.loads(shard_row.pop("digests", None) or "{}").items()}
         index = from_json(shard_row.pop("index"))
         verdicts = shard_verdicts(index)
         shard = reader.Shard(**shard_row)
-        unread = frozenset() if index.digests else skip - set(digests)
+        unread = frozenset() if index.digests else skip
         chunks, read = 0, reader.iter_chunks(shard, config.read, unread)
         while True:
             try:
@@ -144,21 +141,17 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]
                 rows_read = end.value
                 break
             chunks += 1
-            if records is None:  # committed by an earlier attempt (before chunks kept their digest)
+            if records is None:  # committed by an earlier attempt (an index without digests)
                 continue
             key, digest = chunk_key(shard.shard_id, i), reader.chunk_digest(records)
             if index.digests and (i >= len(index.digests) or index.digests[i] != digest):
                 raise RuntimeError(f"the rows of chunk {key} ({shard.uri}) are not those the id index read when the "
                                    "job began: the input changed under the job; use a new --output")
-            if i in skip:  # committed by an earlier attempt: the same rows, or the input changed
-                if i in digests and digests[i] != digest:
-                    raise RuntimeError(f"the rows of chunk {key} ({shard.uri}) are not those an earlier attempt "
-                                       "committed: the input changed under the job; use a new --output")
+            if i in skip:  # committed by an earlier attempt, and the same rows
                 continue
             rows = prepare_chunk(records, config, verdicts)
             payload = io.table_to_bytes(pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
-            chunk = {"chunk": key, "shard": shard.shard_id, "index": i, "rows_in": len(rows), "payload": payload,
-                     "digest": digest}
+            chunk = {"chunk": key, "shard": shard.shard_id, "index": i, "rows_in": len(rows), "payload": payload}
             yield pa.Table.from_pylist([chunk], schema=CHUNK_SCHEMA)
         expected = min(len(verdicts), shard.max_rows or len(verdicts))
         if rows_read != expected:  # fewer: a read cut short that did not raise; never mark such a shard read

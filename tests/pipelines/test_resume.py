@@ -87,8 +87,9 @@ def test_a_manifest_of_another_run_is_refused_not_counted(tmp_path):
 def test_an_input_rewritten_under_committed_chunks_is_refused_and_a_copy_is_not(ray_cluster, tmp_path, capsys):
     """An input rewritten in place at the same size (one row new at the top, the last one gone) kept
     its shard ids, so a resume took the committed chunks as done and redid the others on shifted
-    rows: one product twice, one in neither folder (helper-27, session 51). Each manifest now keeps
-    its chunk's digest, and a resume reads committed chunks again and compares."""
+    rows: one product twice, one in neither folder (helper-27, session 51). The job now keeps each
+    chunk's digest in the id index, and a resume reads every chunk again, committed ones too, and
+    compares."""
     import os
     import shutil
 
@@ -101,7 +102,7 @@ def test_an_input_rewritten_under_committed_chunks_is_refused_and_a_copy_is_not(
     argv = extract_args(source, output, "--chunk-rows", 10, "--group-chunks", 1)
     assert run_extract(argv) == 0
     manifests = sorted(commits(str(output)))
-    assert len(manifests) == 4 and all(io.read_json(uri)["digest"] for uri in manifests)
+    assert len(manifests) == 4
 
     def crash():  # as if the job had been killed after its first two chunks
         for uri in manifests[2:] + [io.join(str(output), "_report.json")]:
