@@ -141,7 +141,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)
     arguments = {
         "input": input_uri,
-        "attributes": hashlib.sha256(schema.to_json().encode()).hexdigest(),
+        "attributes": schema.digest(),
         "output": output_uri,
         "skip_existing": skip_existing,
         # group_chunks 1 is how every job read its input before the option: left out, the same identity

@@ -16,7 +16,6 @@ counts go to stderr, the last stdout line is one JSON summary.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections import Counter
@@ -71,7 +70,7 @@ def job_settings(output: str, schema, predictions, given: str | None) -> tuple[V
     if not isinstance(arguments, dict):
         raise ValueError(f"{marker} is not an `hpd extract` job record (no arguments)")
     digest = arguments.get("attributes")
-    if digest is not None and digest != hashlib.sha256(schema.to_json().encode()).hexdigest():
+    if digest is not None and digest != schema.digest():
         raise ValueError(f"--attributes is not the schema the job in {output} ran with: pass that one")
     validation, read = (arguments.get(k) if isinstance(arguments.get(k), dict) else {} for k in ("validation", "read"))
     uri = given or arguments.get("input")

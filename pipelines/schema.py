@@ -6,6 +6,7 @@ record. A bad *schema* file is a user error and raises ``ValueError`` once, at j
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.parse
 from collections.abc import Mapping
@@ -87,6 +88,10 @@ class AttributeSchema:
             {c: [[a.name, a.description] for a in attrs] for c, attrs in sorted(self.categories.items())},
             sort_keys=True,
         )
+
+    def digest(self) -> str:
+        """SHA-256 of ``to_json``: what a job's ``_job.json`` keeps of its schema (and `hpd pick` checks)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
 
 
 def schema_file_text(categories: Mapping[str, tuple[Attribute, ...]]) -> str:
