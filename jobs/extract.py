@@ -173,7 +173,7 @@ TASK_EVENTS_ENV = "RAY_task_events_max_num_task_in_gcs"
 TASK_EVENTS_KEPT = "10000"
 
 
-def _run_on_ray(config, args, arguments: dict) -> dict:
+def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
     import ray
 
     from jobs import quiet
@@ -198,6 +198,7 @@ def _run_on_ray(config, args, arguments: dict) -> dict:
                 resources=config.resources,
                 skip_existing=config.skip_existing,
                 arguments=arguments,
+                overwrite=overwrite,
             )
     except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
         raise CommandFailed(f"{failure_line(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err
@@ -278,18 +279,18 @@ def run(args: argparse.Namespace) -> int:
               "(--overwrite starts it over)", file=sys.stderr)
         print(_summary(report, output))
         return 0
-    if args.overwrite and plan.existing_run is not None:
+    overwrite = bool(args.overwrite and plan.existing_run is not None)
+    if overwrite:
         from pipelines import attempts
 
-        attempts.refuse_if_running(output, None, attempts.HEARTBEAT_SECONDS)  # not the files of a job at work
+        attempts.refuse_if_running(output, None, attempts.HEARTBEAT_SECONDS)  # at once, before Ray starts
         print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
-        commit.discard(output)
     if plan.empty:
         from pipelines.build import empty_job
 
-        report = empty_job(prepare=config.prepare, extract=config.extract, output=config.output,
-                           report=config.report, skip_existing=config.skip_existing, arguments=plan.arguments)
+        report = empty_job(prepare=config.prepare, extract=config.extract, output=config.output, report=config.report,
+                           skip_existing=config.skip_existing, arguments=plan.arguments, overwrite=overwrite)
     else:
-        report = _run_on_ray(config, args, plan.arguments)
+        report = _run_on_ray(config, args, plan.arguments, overwrite)
     print(_summary(report, output))
     return 0

@@ -66,8 +66,12 @@ def begin(output: str, device: str, devices: float, price_per_hour: float, start
     return attempt
 
 
+def record_uri(output: str, attempt: Attempt) -> str:
+    return io.join(output, DIRECTORY, f"{attempt.name}.json")
+
+
 def save(output: str, attempt: Attempt) -> Attempt:
-    io.write_json(io.join(output, DIRECTORY, f"{attempt.name}.json"), dict(asdict(attempt), wall_seconds=attempt.wall_seconds))
+    io.write_json(record_uri(output, attempt), dict(asdict(attempt), wall_seconds=attempt.wall_seconds))
     return attempt
 
 
@@ -77,7 +81,7 @@ def refresh(output: str, attempt: Attempt) -> Attempt:
 
 def remove(output: str, attempt: Attempt) -> None:
     """Delete an attempt's record: one that gave way, or found the job finished, did no work."""
-    io.delete_if_exists(io.join(output, DIRECTORY, f"{attempt.name}.json"))
+    io.delete_if_exists(record_uri(output, attempt))
 
 
 def load_all(output: str) -> list[Attempt]:

@@ -386,16 +386,35 @@ def empty_job(
     report: ReportConfig,
     skip_existing: str | None,
     arguments: dict,
+    overwrite: bool = False,
 ) -> dict:
     """An input that holds no rows: a finished job of 0 products, recorded and reported without Ray
-    (and without loading a model)."""
+    (and without loading a model). ``overwrite``: first delete whatever the output holds, under a lease."""
     started = time.time()
+    if overwrite:
+        delete_under_lease(output.uri)
     commit.claim_output(output.uri, output.run_id, arguments)
     attempt = attempts.save(output.uri, attempts.Attempt(
         attempts.name_for(started), started, time.time(), "cpu", 0, report.price("cpu"), ended=True))
     result = build_report(_meta(prepare, extract, output, skip_existing), Stats(), Stats(), [attempt], attempt)
     write_report(output.uri, result)
     return result
+
+
+def delete_under_lease(output_uri: str, heartbeat_seconds: float = attempts.HEARTBEAT_SECONDS) -> None:
+    """Delete everything under ``output_uri`` while an attempt's record says this process works there
+    (kept fresh during a long S3 delete), so an attempt that starts meanwhile gives way instead of
+    losing its files; refused (``ValueError``) while another attempt runs there."""
+    attempt = attempts.begin(output_uri, "cpu", 0, 0.0, time.time())
+    try:
+        attempts.refuse_if_running(output_uri, attempt, heartbeat_seconds)
+        heartbeat = attempts.Heartbeat(output_uri, attempt, heartbeat_seconds)
+        try:
+            commit.discard(output_uri, keep=attempts.record_uri(output_uri, attempt))
+        finally:
+            heartbeat.stop(write=False)
+    finally:
+        attempts.remove(output_uri, attempt)
 
 
 def run_job(
@@ -409,18 +428,24 @@ def run_job(
     arguments: dict,
     progress: ProgressConfig = ProgressConfig(),
     stream: TextIO | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Run (or resume) the whole job on the connected Ray cluster; return the report.
 
     A job that is already complete is not run again: its report is returned as it is. A run that
     fails (or is interrupted) before any chunk of the job was committed leaves nothing behind, so
-    a corrected command starts afresh. Progress goes to ``stream`` (default stderr)."""
+    a corrected command starts afresh. Progress goes to ``stream`` (default stderr). ``overwrite``:
+    first delete whatever the output holds (--overwrite), under this attempt's lease."""
     started = time.time()
     allow_slow_chunks()
     one_block_per_chunk()
-    resumed = commit.claim_output(output.uri, output.run_id, arguments)
-    heartbeat = begin_attempt(output, resources, report, progress, started)
+    resumed = False if overwrite else commit.claim_output(output.uri, output.run_id, arguments)
+    heartbeat = begin_attempt(output, resources, report, progress, started, claimed=not overwrite)
     try:
+        if overwrite:  # an attempt starting during the delete finds this one's record and gives way
+            commit.discard(output.uri, keep=attempts.record_uri(output.uri, heartbeat.attempt))
+            commit.claim_output(output.uri, output.run_id, arguments)
+            commit.check_claim(output.uri, output.run_id)
         return _run(prepare, extract, output, report, resources, skip_existing, progress, stream or sys.stderr,
                     resumed, heartbeat)
     except BaseException:
@@ -437,15 +462,16 @@ def run_job(
 
 
 def begin_attempt(output: commit.OutputConfig, resources: ResourceConfig, report: ReportConfig,
-                  progress: ProgressConfig, started: float) -> attempts.Heartbeat:
+                  progress: ProgressConfig, started: float, claimed: bool = True) -> attempts.Heartbeat:
     """Record this attempt and keep its record fresh: the output's lease (pipelines/attempts.py).
     Gives way (``ValueError``, its record removed) to another attempt running on the output, and
-    to another run that claimed the output beside this one."""
+    (``claimed``) to another run that claimed the output beside this one."""
     device = "gpu" if resources.device == "gpu" else "cpu"  # "auto": decided, with the devices, once sized
     attempt = attempts.begin(output.uri, device, 0, report.price(device), started)
     try:
         attempts.refuse_if_running(output.uri, attempt, progress.heartbeat_seconds)
-        commit.check_claim(output.uri, output.run_id)
+        if claimed:
+            commit.check_claim(output.uri, output.run_id)
     except BaseException:
         attempts.remove(output.uri, attempt)
         raise

@@ -116,19 +116,21 @@ def differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, objec
 def claim_output(output: str, run_id: str, arguments: dict) -> bool:
     """Record the run in ``_job.json``; True if this run already wrote there (a resume).
 
-    A different run id means different arguments: refuse rather than mix two jobs' rows.
+    A different run id means different arguments: refuse rather than mix two jobs' rows. The file
+    is created only if none is there (``io.create_new``), so of two runs claiming an empty output at
+    the same moment one claims it and the other reads its claim (refused, or a resume of the same
+    job, which then gives way to the running one: pipelines/attempts.py).
     """
     marker = io.join(output, "_job.json")
-    if io.exists(marker):
-        existing = io.read_json(marker)
-        if existing.get("run_id") != run_id:
-            raise ValueError(
-                f"{output} holds the output of another run ({existing.get('run_id')}, arguments "
-                f"{existing.get('arguments')}); use a new --output, or the same arguments to resume it"
-            )
-        return True
-    io.write_json(marker, {"run_id": run_id, "arguments": arguments})
-    return False
+    if io.create_new(marker, json.dumps({"run_id": run_id, "arguments": arguments}, indent=1, sort_keys=True).encode()):
+        return False
+    existing = io.read_json(marker)
+    if existing.get("run_id") != run_id:
+        raise ValueError(
+            f"{output} holds the output of another run ({existing.get('run_id')}, arguments "
+            f"{existing.get('arguments')}); use a new --output, or the same arguments to resume it"
+        )
+    return True
 
 
 def check_claim(output: str, run_id: str) -> None:
@@ -141,13 +143,27 @@ def check_claim(output: str, run_id: str) -> None:
                          "use a new --output")
 
 
-def discard(output: str) -> None:
-    """Delete everything under ``output`` (the folder itself stays): --overwrite, or a failed run
+def discard(output: str, keep: str | None = None) -> None:
+    """Delete everything under ``output`` (the folder itself stays) but the file ``keep`` (an
+    attempt's record, the lease an --overwrite holds while it deletes): --overwrite, or a failed run
     that committed nothing. Only called on outputs that hold an hpd extract job (``_job.json``) or
     nothing."""
     fs, path = io.filesystem(output)
-    if fs.get_file_info(path).type == pafs.FileType.Directory:
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return
+    if keep is None:
         fs.delete_dir_contents(path, missing_dir_ok=True)
+        return
+    kept = io.filesystem(keep)[1]
+    for info in fs.get_file_info(pafs.FileSelector(path)):
+        if info.path == kept:
+            continue
+        if kept.startswith(info.path + "/"):  # the folder that holds it
+            discard(io.to_uri(fs, info.path), keep)
+        elif info.type == pafs.FileType.Directory:
+            fs.delete_dir(info.path)
+        else:
+            fs.delete_file(info.path)
 
 
 @dataclass(frozen=True)

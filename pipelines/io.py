@@ -8,6 +8,7 @@ S3 uses the standard AWS environment: credentials, ``AWS_REGION``/``AWS_DEFAULT_
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -48,19 +49,95 @@ def write_bytes(uri: str, data: bytes) -> None:
     S3: one PutObject request (boto3). Not pyarrow's output stream: an exception or a garbage-
     collected stream between open and write completes the upload with what it has, so a worker
     interrupted there would leave an empty object. Local: a hidden temporary file in the same
-    directory, then an atomic rename.
+    directory, flushed to disk (fsync), then an atomic rename, itself flushed: after a power loss a
+    file (a commit manifest) is never there without its content, nor its content without the files
+    written before it.
     """
     fs, path = filesystem(uri)
     if fs.type_name == "s3":
         bucket, _, key = path.partition("/")
         _s3_client(*_s3_settings()).put_object(Bucket=bucket, Key=key, Body=data)
         return
+    _write_local(path, data, exclusive=False)
+
+
+def create_new(uri: str, data: bytes) -> bool:
+    """Write a whole file only if none is there: True if this call created it, False if the file
+    existed (whoever wrote it; two callers at once: exactly one gets True).
+
+    S3: a conditional PutObject (``If-None-Match: *``; AWS S3 since 2024, SeaweedFS). A store that
+    does not implement it (answers 501) gets a plain PutObject after a check, which two callers at
+    the same moment can both pass. Local: the written temporary file is hard-linked to the name,
+    which fails if the name exists (``O_EXCL`` where the file system has no hard links)."""
+    fs, path = filesystem(uri)
+    if fs.type_name == "s3":
+        import botocore.exceptions
+
+        bucket, _, key = path.partition("/")
+        client = _s3_client(*_s3_settings())
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except botocore.exceptions.ClientError as err:
+            code = err.response.get("Error", {}).get("Code")
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return False  # there, or being written by another caller now
+            if code != "NotImplemented" and status != 501:
+                raise
+        if exists(uri):
+            return False
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        return True
+    return _write_local(path, data, exclusive=True)
+
+
+def _write_local(path: str, data: bytes, exclusive: bool) -> bool:
     directory, name = os.path.split(path)
-    fs.create_dir(directory, recursive=True)
+    os.makedirs(directory, exist_ok=True)
     temporary = os.path.join(directory, f".tmp-{name}-{uuid.uuid4().hex}")
-    with fs.open_output_stream(temporary) as out:
-        out.write(data)
-    fs.move(temporary, path)
+    try:
+        with open(temporary, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        if not exclusive:
+            os.replace(temporary, path)
+        else:
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                return False
+            except OSError as err:  # no hard links here (some FUSE and network file systems)
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise
+                try:
+                    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(handle, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+    _fsync_directory(directory)
+    return True
+
+
+def _fsync_directory(directory: str) -> None:
+    """Flush a directory's entries (a rename into it) to disk; a no-op where a directory cannot be opened."""
+    try:
+        handle = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:  # some file systems refuse fsync on a directory
+        pass
+    finally:
+        os.close(handle)
 
 
 def put_file(local_path: str, uri: str) -> None:

@@ -301,6 +301,49 @@ def test_s3_listing_reading_and_atomic_writes(s3_server):
     assert not io.exists(target)
 
 
+def test_a_file_created_only_if_none_is_there_local_and_s3(tmp_path, s3_server):
+    """``_job.json`` is claimed this way: of callers at the same moment exactly one creates the file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines import commit
+
+    bucket = s3_server.make_bucket("create-new")
+    for root in (str(tmp_path / "local"), f"s3://{bucket}/out"):
+        target = io.join(root, "deep", "_job.json")
+        assert io.create_new(target, b"first") and not io.create_new(target, b"second")
+        assert io.read_bytes(target) == b"first" and io.list_files(root) == [target]  # no temporary file left
+        racing = io.join(root, "race", "_job.json")
+        with ThreadPoolExecutor(8) as pool:
+            won = list(pool.map(lambda i: io.create_new(racing, str(i).encode()), range(8)))
+        assert won.count(True) == 1 and io.read_bytes(racing) == str(won.index(True)).encode()
+        # what a job's output holds; --overwrite's delete keeps its own attempt's record alone
+        for name in ("_job.json", "_commits/s/000000.json", "_attempts/a.json", "_attempts/b.json", "attributes/c/x.parquet"):
+            io.write_bytes(io.join(root, "job", name), b"{}")
+        commit.discard(io.join(root, "job"), keep=io.join(root, "job", "_attempts", "b.json"))
+        assert io.list_files(io.join(root, "job")) == [io.join(root, "job", "_attempts", "b.json")]
+        commit.discard(io.join(root, "job"))
+        assert io.list_files(io.join(root, "job")) == []
+
+
+def test_a_store_without_conditional_writes_still_creates_a_file_once(s3_server, monkeypatch):
+    """A store that answers a conditional PutObject with 501 gets a check and a plain PutObject."""
+    import botocore.exceptions
+
+    client = io._s3_client(*io._s3_settings())
+
+    class NoConditionalWrites:
+        def put_object(self, **kwargs):
+            if "IfNoneMatch" in kwargs:
+                raise botocore.exceptions.ClientError(
+                    {"Error": {"Code": "NotImplemented"}, "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObject")
+            return client.put_object(**kwargs)
+
+    monkeypatch.setattr(io, "_s3_client", lambda *settings: NoConditionalWrites())
+    target = f"s3://{s3_server.make_bucket('no-conditional')}/out/_job.json"
+    assert io.create_new(target, b"first") and not io.create_new(target, b"second")
+    assert io.read_bytes(target) == b"first"
+
+
 def test_local_writes_leave_no_temporary_files(tmp_path):
     target = str(tmp_path / "deep" / "dir" / "t.parquet")
     io.write_parquet(target, pa.table({"a": [1]}))

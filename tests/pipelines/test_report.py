@@ -183,6 +183,41 @@ def test_a_heartbeat_survives_a_store_that_fails_with_any_error(tmp_path, monkey
     assert "could not refresh the attempt record: ClientError: SlowDown" in caplog.text
 
 
+def test_an_overwrite_deletes_under_a_lease_that_an_attempt_starting_meanwhile_respects(tmp_path, monkeypatch):
+    """--overwrite used to delete without a record of its own: an attempt started during a long (S3)
+    delete found nobody running, and the rest of the delete took its files (helper-29, session 51)."""
+    import os
+    import subprocess
+    import sys
+
+    from pipelines import build, commit, io
+
+    output, now = str(tmp_path / "out"), time.time()
+    io.write_json(io.join(output, "_job.json"), {"run_id": "old"})
+    io.write_json(io.join(output, "_commits", "s", "000000.json"), {})
+    attempts.save(output, attempts.Attempt("000000000000001-other-host-7", now - 99, now - 90, "cpu", 1, 0.04, ended=True))
+    probe = "import sys; from pipelines import attempts; attempts.refuse_if_running(sys.argv[1], None, 15)"
+    seen, discard = {}, commit.discard
+
+    def discard_and_look(uri, keep=None):  # another process starts on the output while the files go
+        seen["probe"] = subprocess.run([sys.executable, "-c", probe, output], capture_output=True, text=True,
+                                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        discard(uri, keep)
+        seen["left"] = io.list_files(output)
+
+    monkeypatch.setattr(commit, "discard", discard_and_look)
+    build.delete_under_lease(output)
+    assert seen["probe"].returncode == 1 and "another `hpd extract` is working on" in seen["probe"].stderr
+    (lease,) = seen["left"]  # everything but the lease, which goes last
+    assert lease.startswith(io.join(output, attempts.DIRECTORY)) and io.list_files(output) == []
+
+    io.write_json(io.join(output, "_job.json"), {"run_id": "old"})
+    attempts.save(output, attempts.Attempt(f"{int(now * 1000):015d}-other-host-8", now, time.time(), "cpu", 1, 0.04))
+    with pytest.raises(ValueError, match="another `hpd extract` is working on"):
+        build.delete_under_lease(output)  # a job at work is not deleted
+    assert len(io.list_files(output)) == 2 and len(attempts.load_all(output)) == 1  # its files and record, not ours
+
+
 def test_batches_by_step_shape_are_summed_and_reported():
     attempt = attempts.Attempt("a", 0.0, 10.0, "gpu", 1, 3.77)
     total = stats(2)
