@@ -19,17 +19,37 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 
+S3_ATTEMPTS = 10  # per request, the first included: AWS_MAX_ATTEMPTS overrides it
+
+
 def _s3_settings() -> tuple[str | None, str | None]:
     """(endpoint, region) from the standard AWS environment variables."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return endpoint, os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
 
 
+def s3_attempts() -> int:
+    """Attempts per S3 request (``AWS_MAX_ATTEMPTS``, else ``S3_ATTEMPTS``), for boto3 and pyarrow
+    alike, with the AWS SDKs' standard retry mode (exponential backoff with jitter, up to 20 s a
+    wait): a throttled (503 SlowDown) or dropped request during a catalog backfill is tried again
+    rather than stopping the job (their defaults are 3 attempts for pyarrow, 5 for boto3)."""
+    given = os.environ.get("AWS_MAX_ATTEMPTS")
+    try:
+        attempts = int(given) if given else S3_ATTEMPTS
+    except ValueError:
+        raise ValueError(f"AWS_MAX_ATTEMPTS must be a whole number, got {given!r}") from None
+    if attempts < 1:
+        raise ValueError(f"AWS_MAX_ATTEMPTS must be at least 1, got {attempts}")
+    return attempts
+
+
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """(file system, path inside it) for a local path or an ``s3://bucket/key`` URI."""
     if uri.startswith("s3://"):
         endpoint, region = _s3_settings()
-        return pafs.S3FileSystem(endpoint_override=endpoint, region=region), uri[len("s3://") :].rstrip("/")
+        retries = pafs.AwsStandardS3RetryStrategy(max_attempts=s3_attempts())
+        return (pafs.S3FileSystem(endpoint_override=endpoint, region=region, retry_strategy=retries),
+                uri[len("s3://") :].rstrip("/"))
     if "://" in uri:
         raise ValueError(f"unsupported URI scheme in {uri!r}: use a local path or s3://bucket/prefix")
     return pafs.LocalFileSystem(), os.path.abspath(uri).rstrip("/") or "/"
@@ -153,12 +173,18 @@ def put_file(local_path: str, uri: str) -> None:
     os.replace(local_path, path)
 
 
-@functools.lru_cache(maxsize=None)
 def _s3_client(endpoint: str | None, region: str | None):
     """One boto3 client per process and setting (clients are thread-safe and slow to build)."""
-    import boto3
+    return _s3_client_with(endpoint, region, s3_attempts())
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name=region)
+
+@functools.lru_cache(maxsize=None)
+def _s3_client_with(endpoint: str | None, region: str | None, attempts: int):
+    import boto3
+    from botocore.config import Config
+
+    retries = Config(retries={"mode": "standard", "max_attempts": attempts})
+    return boto3.client("s3", endpoint_url=endpoint, region_name=region, config=retries)
 
 
 def write_parquet(uri: str, table: pa.Table) -> None:

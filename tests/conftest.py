@@ -81,8 +81,10 @@ class S3Server:
         return name
 
 
-def _start_weed(directory: str) -> tuple[subprocess.Popen, int]:
-    s3_port, master_port, filer_port, volume_port, admin_port = weed_ports(5)
+def _start_weed(directory: str, ports: list[int] | None = None) -> tuple[subprocess.Popen, int]:
+    """``weed mini`` serving ``directory`` on ``ports`` (S3, master, filer, volume, admin; default:
+    free ones); returns the process and its S3 port."""
+    s3_port, master_port, filer_port, volume_port, admin_port = ports or weed_ports(5)
     env = dict(os.environ, AWS_ACCESS_KEY_ID=S3_ACCESS_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET_KEY)
     command = [
         shutil.which("weed") or "weed",

@@ -1,5 +1,6 @@
 import gzip
 import json
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -342,6 +343,65 @@ def test_a_store_without_conditional_writes_still_creates_a_file_once(s3_server,
     target = f"s3://{s3_server.make_bucket('no-conditional')}/out/_job.json"
     assert io.create_new(target, b"first") and not io.create_new(target, b"second")
     assert io.read_bytes(target) == b"first"
+
+
+def test_s3_requests_are_tried_again_through_a_short_outage(tmp_path, monkeypatch):
+    """A dropped or refused S3 request is tried again (standard retry mode, ``io.s3_attempts()``)
+    instead of failing the job's task: the store is stopped and started again on the same ports
+    while a write (boto3) and a listing (pyarrow) are under way."""
+    import threading
+
+    import boto3
+
+    from tests.conftest import S3_ACCESS_KEY, S3_REGION, S3_SECRET_KEY, _start_weed, weed_ports
+
+    ports = weed_ports(5)
+    endpoint = f"http://127.0.0.1:{ports[0]}"
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY":
+                        S3_SECRET_KEY, "AWS_DEFAULT_REGION": S3_REGION, "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    assert io.s3_attempts() == io.S3_ATTEMPTS == 10
+    client = boto3.client("s3", endpoint_url=endpoint, region_name=S3_REGION)
+
+    def start() -> object:
+        process, _ = _start_weed(str(tmp_path), ports)
+        deadline = time.time() + 90
+        while True:
+            try:
+                client.list_buckets()
+                return process
+            except Exception:
+                assert process.poll() is None and time.time() < deadline, "weed mini did not start"
+                time.sleep(0.3)
+
+    process = start()
+    try:
+        client.create_bucket(Bucket="outage")
+        io.write_json("s3://outage/before.json", {"n": 1})
+        process.terminate()
+        process.wait(timeout=30)
+        restart = threading.Timer(2.0, lambda: processes.append(start()))
+        processes: list = []
+        restart.start()
+        assert io.exists("s3://outage/before.json")  # pyarrow: refused until the store is back
+        restart.join()
+        process = processes[0]
+        process.terminate()
+        process.wait(timeout=30)
+        restart = threading.Timer(2.0, lambda: processes.append(start()))
+        restart.start()
+        io.write_json("s3://outage/during.json", {"n": 2})  # boto3: the same
+        restart.join()
+        assert io.list_files("s3://outage") == ["s3://outage/before.json", "s3://outage/during.json"]
+        process = processes[-1]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "0")
+    with pytest.raises(ValueError, match="AWS_MAX_ATTEMPTS must be at least 1, got 0"):
+        io.filesystem("s3://outage/x")
 
 
 def test_local_writes_leave_no_temporary_files(tmp_path):
