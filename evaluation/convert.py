@@ -11,6 +11,11 @@ Output in DIR:
 Product ids are ``{dataset}-{split}-{line:05d}`` with the 0-based line index in the file (blank
 lines are skipped but keep their index), so ids are stable. ``dataset`` defaults to the parent
 folder name and ``split`` to the file stem (``data/oa-mine/test.jsonl`` -> ``oa-mine-test-00000``).
+
+Attribute names are stripped of surrounding whitespace (``"Brand "`` is ``"Brand"``). Two names of
+one product that are the same once stripped are kept as one when their values are the same, and
+are an error naming the product when they differ (which of them is meant is for the file's owner
+to say); each stripped name and each merge is counted in ``Converted.warnings``.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Converted:
     records: list[dict]
     attributes: dict[str, list[str]]
     gold: list[dict]
+    warnings: tuple[str, ...] = ()  # for the user: names stripped, duplicates merged
 
 
 def default_names(source: Path) -> tuple[str, str]:
@@ -58,11 +64,35 @@ def default_names(source: Path) -> tuple[str, str]:
     return source.resolve().parent.name, source.stem
 
 
+def strip_names(target_scores: dict[str, dict], where: str) -> tuple[dict[str, dict], list[str]]:
+    """``target_scores`` with each attribute name stripped, and the names it merged (a name and
+    one of the same once stripped, with equal values). Names that collide with different values
+    raise a ValueError starting with ``where``: neither value may be silently dropped."""
+    stripped: dict[str, dict] = {}
+    original: dict[str, str] = {}  # stripped name -> the name it was first given as
+    merged: list[str] = []
+    for name, values in target_scores.items():
+        key = name.strip()
+        if key not in stripped:
+            stripped[key], original[key] = values, name
+        elif stripped[key] == values:
+            merged.append(f"{original[key]!r} and {name!r}")
+        else:
+            raise ValueError(
+                f"{where}: attribute names {original[key]!r} and {name!r} are the same name {key!r} once stripped "
+                f"of surrounding whitespace, with different values ({stripped[key]!r} and {values!r}); "
+                "keep one of them in the file (or merge their values into one)"
+            )
+    return stripped, merged
+
+
 def read_extractgpt(source: Path, dataset: str, split: str) -> Converted:
     """Parse and validate an ExtractGPT JSONL file; errors name the 1-based line."""
     records: list[dict] = []
     gold: list[dict] = []
     attributes: dict[str, list[str]] = {}
+    renamed = 0  # attribute names with surrounding whitespace
+    merges: list[str] = []  # "product: 'Brand' and 'Brand '"
     for number, row in read_jsonl(source):
         where = f"{source} line {number}"
         for key in ("input", "category"):
@@ -76,6 +106,9 @@ def read_extractgpt(source: Path, dataset: str, split: str) -> Converted:
         except UnicodeEncodeError as err:
             raise ValueError(f"{where}: not valid Unicode ({err.reason}: {err.object[err.start:err.end]!r})") from err
         product_id = f"{dataset}-{split}-{number - 1:05d}"
+        renamed += sum(name != name.strip() for name in target_scores)
+        target_scores, merged = strip_names(target_scores, f"{where} (product {product_id})")
+        merges.extend(f"{product_id}: {pair}" for pair in merged)
         category = row["category"]
         records.append({"product_id": product_id, "category": category, "title": row["input"]})
         gold.append({"product_id": product_id, "category": category, "target_scores": target_scores})
@@ -83,7 +116,13 @@ def read_extractgpt(source: Path, dataset: str, split: str) -> Converted:
         names.extend(name for name in target_scores if name not in names)
     if not records:
         raise ValueError(f"{source}: no records found")
-    return Converted(records, attributes, gold)
+    warnings = []
+    if renamed:
+        warnings.append(f"{renamed} attribute name(s) had surrounding whitespace, stripped (\"Brand \" is \"Brand\")")
+    if merges:
+        warnings.append(f"{len(merges)} attribute name(s) were the same as another of their product once stripped, "
+                        f"with the same values, and were kept once: {'; '.join(merges[:3])}{'; ...' if len(merges) > 3 else ''}")
+    return Converted(records, attributes, gold, tuple(warnings))
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -113,6 +152,7 @@ def first_per_category(converted: Converted, n: int) -> Converted:
         [r for r in converted.records if r["product_id"] in keep],
         converted.attributes,
         [g for g in converted.gold if g["product_id"] in keep],
+        converted.warnings,
     )
 
 

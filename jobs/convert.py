@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from evaluation.convert import FORMATS, ConvertConfig, convert, default_names
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         args.per_category,
     )
     converted = convert(config)
+    for warning in converted.warnings:
+        print(f"hpd convert: warning: {warning}", file=sys.stderr)
     summary = {
         "records": len(converted.records),
         "categories": len(converted.attributes),

@@ -140,3 +140,35 @@ def test_per_category_subset_keeps_ids_and_schema(tmp_path: Path, capsys):
     capsys.readouterr()
     assert main(["convert", "extractgpt", str(source), "--out", str(out), "--per-category", "0"]) == 2
     assert "per_category" in capsys.readouterr().err
+
+
+def test_attribute_names_are_stripped(tmp_path: Path, capsys):
+    """"Brand " is "Brand": one attribute in the schema and the gold, not a second one beside it."""
+    rows = [
+        {"input": "Acme Runner", "category": "Shoes", "target_scores": {"Brand ": {"Acme": 1}, " Color": {"Blue": 1}}},
+        {"input": "Zed Shoe", "category": "Shoes", "target_scores": {"Brand": {"Zed": 1}, "Brand ": {"Zed": 1}}},
+    ]
+    source = tmp_path / "mini" / "test.jsonl"
+    source.parent.mkdir()
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["convert", "extractgpt", str(source), "--out", str(out)]) == 0
+    attributes = json.loads((out / "attributes.json").read_text(encoding="utf-8"))
+    assert attributes == {"Shoes": ["Brand", "Color"]}
+    gold = _read_jsonl(out / "gold.jsonl")
+    assert [g["target_scores"] for g in gold] == [{"Brand": {"Acme": 1}, "Color": {"Blue": 1}}, {"Brand": {"Zed": 1}}]
+    err = capsys.readouterr().err
+    assert "hpd convert: warning: 3 attribute name(s) had surrounding whitespace" in err
+    assert "kept once: mini-test-00001: 'Brand' and 'Brand '" in err  # same values: nothing lost
+
+
+def test_stripped_names_with_different_values_are_an_error(tmp_path: Path, capsys):
+    row = {"input": "Acme Runner", "category": "Shoes", "target_scores": {"Brand": {"Acme": 1}, "Brand ": {"Zed": 1}}}
+    source = tmp_path / "mini" / "test.jsonl"
+    source.parent.mkdir()
+    source.write_text(json.dumps(TINY[0]) + "\n" + json.dumps(row) + "\n", encoding="utf-8")
+    assert main(["convert", "extractgpt", str(source), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "line 2 (product mini-test-00001): attribute names 'Brand' and 'Brand ' are the same name 'Brand'" in err
+    assert "different values ({'Acme': 1} and {'Zed': 1})" in err
+    assert not (tmp_path / "out").exists()
