@@ -90,7 +90,9 @@ def prepare_model(model, config: TrainConfig, init_adapter: str | None = None):
 def adapter_shape(path: str | Path) -> dict[str, int]:
     """``lora_rank`` and ``lora_alpha`` of an adapter to start from; a ValueError unless it is a
     local plain LoRA adapter (LoRA factors only, as ``lora_merge.plain_lora`` defines it: no
-    biases, DoRA, rsLoRA, per-layer ranks or saved modules)."""
+    biases, DoRA, rsLoRA, per-layer ranks or saved modules), or one saying the path does not exist."""
+    if not Path(path).exists():
+        raise ValueError(f"adapter to start from {path} does not exist (pass an adapter's directory, as `hpd finetune --out` writes it)")
     if not (Path(path) / "adapter_config.json").is_file():
         raise ValueError(f"adapter to start from {path} is not a PEFT adapter directory (no adapter_config.json)")
     saved = plain_lora(path)

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -304,6 +305,14 @@ def test_an_adapter_to_start_from_must_fit_the_run(tokenizer, tmp_path, config, 
     save(model, tokenizer, tmp_path / "adapter", full=False)
     with pytest.raises(ValueError, match=message):
         prepare_model(tiny_model("llama", len(tokenizer)), config, str(tmp_path / "adapter"))
+
+
+def test_an_adapter_to_start_from_that_does_not_exist_is_named_as_such(tmp_path):
+    """A mistyped path says it does not exist; a folder that exists but holds no adapter says that."""
+    with pytest.raises(ValueError, match=re.escape(f"adapter to start from {tmp_path / 'missing'} does not exist")):
+        adapter_shape(tmp_path / "missing")
+    with pytest.raises(ValueError, match=re.escape(f"adapter to start from {tmp_path} is not a PEFT adapter directory")):
+        adapter_shape(tmp_path)
 
 
 def test_an_adapter_to_start_from_must_be_plain_lora_of_this_model(tokenizer, tmp_path):

@@ -263,7 +263,9 @@ def test_init_adapter_continues_where_the_adapter_ended(data_dir, model_dir, tmp
     assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(tmp_path / "first"), "--full"]) == 2
     assert "for LoRA runs" in capsys.readouterr().err
     assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(tmp_path / "missing")]) == 2
-    assert "no adapter_config.json" in capsys.readouterr().err
+    assert f"adapter to start from {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", str(data_dir)]) == 2  # a folder, no adapter
+    assert f"adapter to start from {data_dir} is not a PEFT adapter directory (no adapter_config.json)" in capsys.readouterr().err
     assert main(base + ["--out", str(tmp_path / "third"), "--init-adapter", "default"]) == 2  # not the default's base
     assert "default (--model default-base)" in capsys.readouterr().err
     assert main(base + ["--out", str(tmp_path / "third"), "--model", "default"]) == 2
