@@ -22,12 +22,12 @@ import logging
 import platform
 import random
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE
+from jobs.quiet import log_to_stderr
 from hpd_core.config import (
     ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_FULL_LR, DEFAULT_LORA_LR, DTYPES, SKELETONS, DecodeConfig, ModelConfig, TrainConfig,
 )
@@ -293,7 +293,7 @@ def warn_about_data(stats: dict, sources) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    log_to_stderr("%(asctime)s %(message)s")  # warnings: "<time> warning: ..."
     import torch
 
     from hpd_core import finetune

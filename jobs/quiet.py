@@ -7,6 +7,8 @@ transformers' FutureWarnings or bitsandbytes' "pip install kernels"), nor known 
 Ray's C++ core writes straight to the driver's standard error (the ``max_restarts > 0`` notice
 Ray Data's restartable actors trigger). Those still go to Ray's log files
 (``/tmp/ray/session_latest/logs``). Errors are never hidden: they reach the driver as exceptions.
+
+``log_to_stderr`` is `hpd finetune`'s log: every INFO line, warnings and errors marked as such.
 """
 
 from __future__ import annotations
@@ -33,6 +35,26 @@ def configure_logging(verbose: bool) -> None:
         # Ray Data logs a failed task's whole traceback, per attempt: the error reaches the driver
         # as an exception anyway, and hpd prints its cause in one line
         logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+
+
+class LevelPrefix(logging.Formatter):
+    """``warning: `` / ``error: `` before the message of a record at that level (INFO lines as they
+    are), as `hpd extract` marks the warnings it prints (``hpd extract: warning: ...``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if record.levelno < logging.WARNING:
+            return super().formatMessage(record)
+        marked = logging.makeLogRecord(record.__dict__)  # a copy: other handlers see the record as it was
+        marked.message = f"{'error' if record.levelno >= logging.ERROR else 'warning'}: {record.message}"
+        return super().formatMessage(marked)
+
+
+def log_to_stderr(format: str) -> None:
+    """INFO and up to stderr in ``format``, warnings and errors marked (``LevelPrefix``); as
+    ``logging.basicConfig``, nothing changes when the root logger already has a handler."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LevelPrefix(format))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 def ray_init_options(verbose: bool) -> dict:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,7 @@ import pytest
 from hpd_core.lora_merge import plain_lora
 from jobs.cli import main
 from jobs.finetune import CONFIG_FILE, EPOCH_FILE, docs_options, split
+from jobs.quiet import LevelPrefix
 from training import data as gold
 
 ATTRIBUTES = {"Shoes": ["Brand", "Color", "Size"], "Food": ["Brand", "Flavor"]}
@@ -557,6 +562,32 @@ def test_an_uncorrected_draft_is_warned_of_and_a_draft_alone_says_what_to_do(dat
     (folder / "gold.jsonl").write_text((data_dir / "gold.jsonl").read_text().replace('"black"', '"loafer"'))  # corrected
     assert main(argv) != 0
     assert "as `hpd pick` wrote it" not in caplog.text
+
+
+def test_warnings_on_stderr_are_marked_as_such(data_dir, tmp_path):
+    """`hpd finetune`'s log on stderr marks a warning "warning:" (as `hpd extract` does), not as
+    one more progress line; the error that ends the run is `hpd finetune: error:`. In a process of
+    its own: under pytest the root logger already has handlers, and the command keeps them."""
+    folder = tmp_path / "label"
+    folder.mkdir()
+    for name in ("records.jsonl", "attributes.json", "gold.jsonl"):
+        (folder / name).write_text((data_dir / name).read_text())
+    (folder / "gold-draft.jsonl").write_text((data_dir / "gold.jsonl").read_text())  # uncorrected: a warning
+    (tmp_path / "out").write_text("a file")  # then an error, before any model loads
+    done = subprocess.run([sys.executable, "-m", "jobs.cli", "finetune", "--train", str(folder), "--out", str(tmp_path / "out")],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    drafts = [line for line in lines if "as `hpd pick` wrote it" in line]
+    assert len(drafts) == 1 and re.match(r"\d{4}-\d\d-\d\d [\d:,]+ warning: \S+gold.jsonl is ", drafts[0]), lines
+    assert f"hpd finetune: error: --out {tmp_path / 'out'} is a file" in lines[-1]
+
+
+def test_level_prefix_marks_warnings_and_errors_only():
+    formatter = LevelPrefix("%(name)s %(message)s")
+    records = [logging.LogRecord("x", level, __file__, 1, "m %d", (1,), None) for level in (logging.INFO, logging.WARNING, logging.ERROR)]
+    assert [formatter.format(r) for r in records] == ["x m 1", "x warning: m 1", "x error: m 1"]
+    assert records[1].getMessage() == "m 1"  # the record itself unchanged, for other handlers
 
 
 def test_words_for_none_and_gold_of_nothing_but_none_are_warned_of(data_dir, tmp_path, caplog):
