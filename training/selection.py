@@ -11,7 +11,6 @@ choosing them, and at 200 the least sure scored 6 points below a random 200.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,27 +30,31 @@ class SelectionConfig:
             raise ValueError(f"min_per_category must be an int >= 0, got {self.min_per_category!r}")
 
 
-def quotas(sizes: Mapping[str, int], count: int, minimum: int) -> dict[str, int]:
+def quotas(sizes: Mapping[str, int], count: int, minimum: int, seed: int) -> dict[str, int]:
     """Products to pick per category: ``minimum`` each (all of a smaller category), and the rest of
     ``count`` in proportion to the categories' sizes (largest remainders first), never more than a
-    category holds; what a category cannot take goes to those with the most left. The sum is
-    ``count``, or more where ``minimum`` per category already exceeds it, or less where the
-    categories hold fewer products."""
+    category holds; what a category cannot take goes to those with the most left. Categories tied
+    on a remainder (or on what they have left) are taken in an order drawn with ``seed``, not by
+    name, so each seed may favour another of them. The sum is ``count``, or more where ``minimum``
+    per category already exceeds it, or less where the categories hold fewer products."""
     if minimum < 0 or count < 0:
         raise ValueError(f"count and minimum must be >= 0, got {count} and {minimum}")
+    order = sorted(sizes)
+    random.Random(seed).shuffle(order)  # its own generator: the samples of ``select`` stay as they were
+    rank = {c: i for i, c in enumerate(order)}  # the tie-break: lower first
     picked = {c: min(minimum, n) for c, n in sizes.items()}
     left = max(0, count - sum(picked.values()))
     total = sum(sizes.values()) or 1
-    share = {c: left * n / total for c, n in sizes.items()}
-    for c in sizes:
-        picked[c] += math.floor(share[c])
+    remainder = {c: left * n % total for c, n in sizes.items()}  # of left * n / total, in 1/total: exact, ties are ties
+    for c, n in sizes.items():
+        picked[c] += left * n // total
     rest = count - sum(picked.values())
-    for c in sorted(sizes, key=lambda c: (-(share[c] - math.floor(share[c])), c))[: max(rest, 0)]:
+    for c in sorted(sizes, key=lambda c: (-remainder[c], rank[c]))[: max(rest, 0)]:
         picked[c] += 1
     picked = {c: min(k, sizes[c]) for c, k in picked.items()}
     spare = count - sum(picked.values())
     while spare > 0 and any(picked[c] < n for c, n in sizes.items()):
-        c = max(sizes, key=lambda c: (sizes[c] - picked[c], c))
+        c = max(sizes, key=lambda c: (sizes[c] - picked[c], -rank[c]))
         picked[c] += 1
         spare -= 1
     return picked
@@ -62,7 +65,8 @@ def select(products: Sequence[tuple[str, str]], config: SelectionConfig) -> list
     by_category: dict[str, list[str]] = {}
     for product_id, category in products:
         by_category.setdefault(category, []).append(product_id)
-    wanted = quotas({c: len(ids) for c, ids in by_category.items()}, config.count, config.min_per_category)
+    wanted = quotas({c: len(ids) for c, ids in by_category.items()}, config.count, config.min_per_category,
+                    config.seed)
     rng = random.Random(config.seed)
     chosen: set[str] = set()
     for category in sorted(by_category):

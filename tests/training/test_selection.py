@@ -17,15 +17,15 @@ from training.selection import SelectionConfig, quotas, select
 def test_quotas_give_each_category_its_minimum_and_the_rest_by_size():
     sizes = {"Shirts": 300, "Eyewear": 300, "Shorts": 300, "Guitar": 206, "Swimwear": 142, "Lure": 108,
              "Fishing Rod": 60, "Baseball Caps": 59, "Stove": 51, "Helmet": 42}  # AE-110k train
-    assert quotas(sizes, 50, 2) == {"Shirts": 8, "Eyewear": 8, "Shorts": 8, "Guitar": 6, "Swimwear": 4, "Lure": 4,
+    assert quotas(sizes, 50, 2, 0) == {"Shirts": 8, "Eyewear": 8, "Shorts": 8, "Guitar": 6, "Swimwear": 4, "Lure": 4,
                                     "Fishing Rod": 3, "Baseball Caps": 3, "Stove": 3, "Helmet": 3}
-    assert sum(quotas(sizes, 200, 2).values()) == 200
-    assert quotas({"a": 1, "b": 100}, 10, 2) == {"a": 1, "b": 9}  # a small category gives what it lacks to the others
-    assert quotas({"a": 3, "b": 3}, 100, 2) == {"a": 3, "b": 3}  # fewer products than asked: all of them
-    assert quotas({"a": 5, "b": 5, "c": 5}, 2, 2) == {"a": 2, "b": 2, "c": 2}  # the minimum holds over the count
-    assert quotas({"a": 50, "b": 50}, 7, 0) in ({"a": 4, "b": 3}, {"a": 3, "b": 4})
+    assert sum(quotas(sizes, 200, 2, 0).values()) == 200
+    assert quotas({"a": 1, "b": 100}, 10, 2, 0) == {"a": 1, "b": 9}  # a small category gives what it lacks to the others
+    assert quotas({"a": 3, "b": 3}, 100, 2, 0) == {"a": 3, "b": 3}  # fewer products than asked: all of them
+    assert quotas({"a": 5, "b": 5, "c": 5}, 2, 2, 0) == {"a": 2, "b": 2, "c": 2}  # the minimum holds over the count
+    assert quotas({"a": 50, "b": 50}, 7, 0, 0) in ({"a": 4, "b": 3}, {"a": 3, "b": 4})
     with pytest.raises(ValueError, match="must be >= 0"):
-        quotas({"a": 5}, 3, -1)
+        quotas({"a": 5}, 3, -1, 0)
 
 
 def test_a_seeded_sample_per_category_in_input_order():
@@ -35,6 +35,22 @@ def test_a_seeded_sample_per_category_in_input_order():
     assert chosen != select(products, SelectionConfig(6, min_per_category=1, seed=4))
     assert chosen == [p for p, _ in products if p in set(chosen)]  # input order
     assert [c for p, c in products if p in set(chosen)].count("A") == 3 and "c0" in chosen  # every category
+
+
+def test_categories_tied_on_their_share_are_ordered_by_the_seed_not_by_name():
+    """--min-per-category 0 and fewer products than categories of one size: which category gets
+    the product is the seed's draw (the same for the same seed), not the first name each time."""
+    products = [(f"{c}{i}", c) for c in "ABCD" for i in range(10)]
+    picks = {seed: select(products, SelectionConfig(1, min_per_category=0, seed=seed)) for seed in range(12)}
+    assert all(len(chosen) == 1 for chosen in picks.values())
+    assert len({chosen[0][0] for chosen in picks.values()}) > 1  # not always category A
+    assert all(select(products, SelectionConfig(1, min_per_category=0, seed=seed)) == chosen for seed, chosen in picks.items())
+    tied = {"a": 50, "b": 50}  # the spare product of an odd count too
+    assert {tuple(sorted(quotas(tied, 7, 0, seed).items())) for seed in range(12)} == {(("a", 4), ("b", 3)), (("a", 3), ("b", 4))}
+    exact = {"a": 30, "b": 60, "c": 10}  # shares 1.2, 2.4, 0.4: b and c tie (in floats 2.4 - 2 < 0.4)
+    assert {tuple(quotas(exact, 4, 0, seed).values()) for seed in range(12)} == {(1, 3, 0), (1, 2, 1)}
+    untied = {"a": 25, "b": 60, "c": 15}  # shares 1.0, 2.4, 0.6: no tie, the seed changes nothing
+    assert {tuple(quotas(untied, 4, 0, seed).values()) for seed in range(12)} == {(1, 2, 1)}
 
 
 def test_bad_settings_are_named():
