@@ -132,10 +132,20 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _group_chunks_shown(arguments: dict) -> dict:
+    """``arguments`` with ``read.group_chunks`` 1 put back: the identity leaves 1 out (jobs.config),
+    and a message saying "not given" of a typed ``--group-chunks 1`` would be wrong (8 is the default)."""
+    read = arguments.get("read")
+    if isinstance(read, dict) and "group_chunks" not in read:
+        return {**arguments, "read": {**read, "group_chunks": 1}}
+    return arguments
+
+
 def conflict_message(output: str, existing: dict, arguments: dict, args: argparse.Namespace) -> str:
     """Which arguments differ between the job in ``output`` and this one, by flag."""
     parts = []
-    for key, old, new in commit.differences(existing.get("arguments") or {}, arguments):
+    there, here = (_group_chunks_shown(a) for a in (existing.get("arguments") or {}, arguments))
+    for key, old, new in commit.differences(there, here):
         if key.split(".", 1)[0] in (MODEL_FILES, INPUT_MODIFIED):  # not arguments (see model_files)
             continue
         name = flag_for(key.rsplit(".", 1)[-1], args) or key

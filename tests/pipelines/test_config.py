@@ -1,6 +1,7 @@
 """Job configuration and cluster sizing (no Ray needed)."""
 
 import argparse
+import re
 from dataclasses import replace
 
 import pytest
@@ -203,6 +204,26 @@ def test_an_output_started_before_grouping_resumes_reading_chunks_as_then(tmp_pa
     args.overwrite = True  # starting over is today's job, cut as configured, under today's id
     fresh = preflight(config, args)
     assert fresh.run_id == config.output.run_id != ungrouped.output.run_id
+
+
+def test_another_group_chunks_is_refused_naming_both_values(tmp_path):
+    """A job begun with the default --group-chunks (8) is another job than --group-chunks 1: the
+    refusal names both values, 1 too (the identity leaves 1 out; it said "here: not given")."""
+    from jobs.checks import preflight
+    from pipelines import commit
+
+    grouped = from_args(parse("--output", tmp_path / "out", "--decoder", "dry-run"))
+    commit.claim_output(grouped.output.uri, grouped.output.run_id, grouped.arguments)
+    args = parse("--output", tmp_path / "out", "--decoder", "dry-run", "--group-chunks", "1")
+    args.overwrite = False
+    with pytest.raises(ValueError, match=re.escape("it differs in --group-chunks (there: 8; here: 1).")):
+        preflight(from_args(args), args)
+    ungrouped = from_args(parse("--output", tmp_path / "other", "--decoder", "dry-run", "--group-chunks", "1"))
+    commit.claim_output(ungrouped.output.uri, ungrouped.output.run_id, ungrouped.arguments)
+    args = parse("--output", tmp_path / "other", "--decoder", "dry-run", "--docs-per-prompt", "2")  # another job
+    args.overwrite = False
+    with pytest.raises(ValueError, match=re.escape("--group-chunks (there: 1; here: 8)")):
+        preflight(from_args(args), args)
 
 
 def test_typing_a_default_model_or_dtype_is_the_same_job(tmp_path):
