@@ -13,7 +13,7 @@ resumed. A re-run of a finished job does no work and records no attempt.
 The records are also the output's lease: two attempts on one output at once would write the same
 chunks (and one that failed would delete the other's files), so an attempt that finds another one
 running (``running``: not ended, refreshed within the last ``3 x heartbeat_seconds``, and, on the
-same host, its process still there) gives way. Each writes its record first and looks second, so
+same host and in the same PID namespace, its process still there) gives way. Each writes its record first and looks second, so
 of two started together at least the later one sees the other (both may give way; neither runs).
 """
 
@@ -42,6 +42,7 @@ class Attempt:
     devices: float  # GPUs, or vCPUs the actors compute on
     price_per_hour: float  # per device-hour
     ended: bool = False  # its last record: it ran to its end, failed or was interrupted (not killed)
+    pid_namespace: str = ""  # its process's PID namespace (Linux; "" elsewhere and in older records)
 
     @property
     def wall_seconds(self) -> float:
@@ -61,7 +62,8 @@ def name_for(started_at: float) -> str:
 
 
 def begin(output: str, device: str, devices: float, price_per_hour: float, started_at: float) -> Attempt:
-    attempt = Attempt(name_for(started_at), started_at, time.time(), device, devices, price_per_hour)
+    attempt = Attempt(name_for(started_at), started_at, time.time(), device, devices, price_per_hour,
+                      pid_namespace=pid_namespace())
     save(output, attempt)
     return attempt
 
@@ -106,6 +108,15 @@ def _host_and_pid(name: str) -> tuple[str, int | None]:
     return host, int(pid) if pid.isdigit() else None
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace (``pid:[4026531836]``), or "" where there is none to read: two
+    containers that share a host name (host networking) have pids that mean nothing to each other."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def _process_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -119,14 +130,17 @@ def _process_exists(pid: int) -> bool:
 def running(output: str, mine: Attempt | None, heartbeat_seconds: float, now: float | None = None) -> list[Attempt]:
     """The attempts on ``output`` other than ``mine`` (None: any) that may still be running: not ended,
     refreshed within the last ``3 x heartbeat_seconds`` (by their host's clock), and, where they ran
-    on this host, whose process is still there (a driver killed here gives way at once)."""
+    on this host and in this PID namespace, whose process is still there (a driver killed here gives
+    way at once)."""
     now = time.time() if now is None else now
     found = []
+    here = (socket.gethostname(), pid_namespace())
     for other in load_all(output):
         if (mine is not None and other.name == mine.name) or other.ended or now - other.updated_at > 3 * heartbeat_seconds:
             continue
         host, pid = _host_and_pid(other.name)
-        if host == socket.gethostname() and pid is not None and (pid == os.getpid() or not _process_exists(pid)):
+        same_processes = host == here[0] and other.pid_namespace in ("", here[1])  # "": a record from before 2026-11-29
+        if same_processes and pid is not None and (pid == os.getpid() or not _process_exists(pid)):
             continue  # this process's own pid: a killed driver's, reused (a container started again)
         found.append(other)
     return found

@@ -127,7 +127,7 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
 
     output, now = str(tmp_path / "out"), time.time()
     mine = attempts.begin(output, "cpu", 0, 0.0425, started_at=now)
-    here = lambda pid: f"{int(now * 1000) - 5:015d}-{socket.gethostname()}-{pid}"  # noqa: E731
+    here = lambda pid, ms=5: f"{int(now * 1000) - ms:015d}-{socket.gethostname()}-{pid}"  # noqa: E731
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     records = {
         "elsewhere": attempts.Attempt(f"{int(now * 1000) - 1:015d}-other-host-7", now - 1, now - 10, "gpu", 1, 3.77),
@@ -136,11 +136,17 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
         "dead here": attempts.Attempt(here(int(gone.stdout)), now - 5, now - 1, "cpu", 2, 0.0425),
         "alive here": attempts.Attempt(here(os.getppid()), now - 5, now - 1, "cpu", 2, 0.0425),
         "my pid, reused": attempts.Attempt(here(os.getpid()), now - 5, now - 1, "cpu", 2, 0.0425),
+        # a container beside this one with the same host name (host networking): its pid means nothing here
+        "dead here, other namespace": attempts.Attempt(here(int(gone.stdout), 6), now - 5, now - 1, "cpu", 2, 0.0425,
+                                                       pid_namespace="pid:[1]"),
+        "dead here, this namespace": attempts.Attempt(here(int(gone.stdout), 7), now - 5, now - 1, "cpu", 2, 0.0425,
+                                                      pid_namespace=attempts.pid_namespace()),
     }
     for record in records.values():
         attempts.save(output, record)
     found = {a.name for a in attempts.running(output, mine, heartbeat_seconds=15)}
-    assert found == {records["elsewhere"].name, records["alive here"].name}  # never mine
+    assert found == {records["elsewhere"].name, records["alive here"].name,
+                     records["dead here, other namespace"].name}  # never mine
     assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found  # mine: this process's pid
     with pytest.raises(ValueError, match=r"another `hpd extract` is working on .*out \(attempt .*: host other-host, "
                        r"pid 7, last seen 10 s ago\).*counts as running for 45 s"):
@@ -149,6 +155,7 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
     assert len(attempts.load_all(output)) == len(records) + 1
     attempts.remove(output, records["elsewhere"])
     attempts.remove(output, records["alive here"])
+    attempts.remove(output, records["dead here, other namespace"])
     attempts.refuse_if_running(output, mine, heartbeat_seconds=15)  # nothing else running
 
 
