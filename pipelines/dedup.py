@@ -4,7 +4,9 @@ The rule. Rows are ordered by input position: shard (in plan order: file path, t
 row index inside the shard. With ``--skip-existing``, a row whose product id an earlier output already
 has is EXISTING (skipped), whether or not it is valid. Among the other rows that pass validation, the
 first of each product id owns it and every later one is a DUPLICATE (rejected with the reason). Rows
-that fail validation neither own an id nor block a later valid row from owning it.
+that fail validation neither own an id nor block a later valid row from owning it. The ids an output
+holds (what later ``--skip-existing`` runs skip) are those of its valid rows: a product whose every
+row failed validation (a missing title, say) is not held, so a corrected record is processed later.
 
 The order is a property of the input, not of timing, so the verdicts are the same in every attempt,
 retry and resume. Rows of one product id share its hash partition, so each partition is decided on
@@ -87,7 +89,8 @@ def decide(rows: pa.Table, existing: pa.Array | pa.ChunkedArray) -> tuple[pa.Tab
             _verdicts(existing_rows, Verdict.EXISTING),
         ]
     )
-    done = rows.filter(pc.invert(skipped)).select(["product_id", "hash"]).group_by(["product_id", "hash"]).aggregate([])
+    held = pc.and_(rows["valid"], pc.invert(skipped))  # not an id only invalid rows carried
+    done = rows.filter(held).select(["product_id", "hash"]).group_by(["product_id", "hash"]).aggregate([])
     return verdicts, done.select(["product_id", "hash"]).cast(DONE_IDS_SCHEMA)
 
 

@@ -47,7 +47,7 @@ from pipelines import io
 from pipelines.artifacts import resolve_model_path
 from pipelines.commit import REJECTED_SCHEMA, attributes_schema
 from pipelines.dryrun import DRY_RUN, DryRunConfig, DryRunDecoder
-from pipelines.prepare import OK, REJECTED, SKIPPED
+from pipelines.prepare import OK, REJECTED, SKIPPED, UNHELD_STAGES
 from pipelines.report import COUNTERS
 from pipelines.schema import AttributeSchema
 from pipelines.stacking import build_requests
@@ -417,8 +417,9 @@ class ExtractStage:
             "rejected": io.table_to_bytes(pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA)),
             "categories": sorted({row["category"] for row in rows if row["category"] is not None}),
             "owned_ids": [row["product_id"] for row in rows if row["status"] == OK],
-            "rejected_ids": [
-                row["product_id"] for row in rows if row["status"] == REJECTED and row["product_id"] is not None
+            "rejected_ids": [  # held by this output (--skip-existing): not those of rows that failed validation
+                row["product_id"] for row in rows
+                if row["status"] == REJECTED and row["product_id"] is not None and row["stage"] not in UNHELD_STAGES
             ],
             "stats": json.dumps(summary),
             "read_rows": [row["row"] for row in rows],

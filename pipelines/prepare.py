@@ -25,6 +25,7 @@ from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, record
 from pipelines.stacking import NO_STACK, StackingConfig, assign_stacks
 
 OK, REJECTED, SKIPPED = "ok", "rejected", "skipped"
+UNHELD_STAGES = ("read", "validate")  # rows rejected here hold no product id for later --skip-existing runs
 
 PREPARED_SCHEMA = pa.schema(
     [

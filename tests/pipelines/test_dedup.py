@@ -45,7 +45,7 @@ def test_decided_per_partition_equals_the_reference(drawn, existing, partitions,
         assert len(done.column("product_id").to_pylist()) == len(set(done.column("product_id").to_pylist()))
         held |= set(done.column("product_id").to_pylist())
     assert found == dedup.decide_reference(rows, existing)
-    assert held == {product_id for _, _, product_id, _ in rows} - existing
+    assert held == {product_id for _, _, product_id, valid in rows if valid} - existing  # ids of valid rows only
 
 
 def test_reference_rule_by_example():

@@ -50,3 +50,19 @@ def test_an_unfinished_earlier_output_counts_only_its_committed_chunks(ray_clust
     assert run_extract(extract_args(inputs, night2, "--skip-existing", tmp_path / "attributes")) == 0
     assert report(str(night2))["rows_skipped"] == 15
     assert set(read_attributes(str(night2)).column("product_id").to_pylist()) == lost_ids
+
+
+def test_a_product_rejected_as_invalid_is_processed_once_its_record_is_corrected(ray_cluster, tmp_path):
+    """An earlier output holds the products it wrote (or rejected in the decoder, or as duplicates of
+    one it wrote), not those whose every record failed validation: a corrected record is processed by
+    the next night, where it used to be skipped for good (a new user's walk, session 52)."""
+    records = sample_records()[:12]
+    broken = dict(records[3], title="  ")  # rejected at validation: an empty title
+    first = _night(tmp_path, "1", [*records[:3], broken, *records[4:]])
+    assert first["report"]["rows_rejected"] == 1 and records[3]["product_id"] not in first["ids"]
+    manifests = (tmp_path / "attributes" / "dt=1" / "_commits").glob("*/*.json")
+    held = {i for m in manifests if not m.name.startswith("_") for k in ("owned_ids", "rejected_ids")
+            for i in json.loads(m.read_text())[k]}
+    assert held == first["ids"]  # what an unfinished output would be taken to hold: not the invalid one
+    second = _night(tmp_path, "2", records)  # its record corrected
+    assert second["report"]["rows_skipped"] == 11 and second["ids"] == {records[3]["product_id"]}
