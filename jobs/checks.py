@@ -158,9 +158,29 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
             "Use the same arguments to resume it, a new --output, or --overwrite to delete it and start over")
 
 
+def check_input_files(shards: list[reader.Shard], input_uri: str, attributes: str | None) -> None:
+    """The input's files to read are records: not the ``--attributes`` file (a folder --input that
+    holds it), nor the labels of a labelled folder (``hpd convert``'s and ``hpd pick``'s layout),
+    whose lines would be rejected one by one, and would use up ``--limit``."""
+    from datafiles.dataset import GOLD_DRAFT_FILE, GOLD_FILE, RECORDS_FILE
+
+    uris = {shard.uri for shard in shards}
+    if attributes is not None:
+        schema = attributes if attributes.startswith("s3://") else os.path.abspath(attributes)
+        if schema in uris:
+            raise ValueError(f"--attributes {attributes} lies inside --input {input_uri}, whose files are all read as "
+                             "records: give --input the records' file (or a folder of records only), or move the schema out")
+    labels = sorted(uri for uri in uris if uri.rsplit("/", 1)[-1] in (GOLD_FILE, GOLD_DRAFT_FILE))
+    if labels:
+        folder = labels[0].rsplit("/", 1)[0]
+        raise ValueError(f"--input {input_uri} holds labels ({labels[0]}), which would be read as records: give --input "
+                         f"the records' file ({folder}/{RECORDS_FILE}), or a folder of records only")
+
+
 def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     """Run every check; write nothing. ``args.overwrite`` allows replacing an earlier job."""
     plan = reader.plan_input(config.prepare.read)  # the input exists and holds data files
+    check_input_files(plan.shards, config.prepare.read.uri, getattr(args, "attributes", None))
     shards = tuple(plan.shards)
     arguments = {**config.arguments, INPUT_MODIFIED: plan.modified}
     if config.extract.decoder != DRY_RUN:

@@ -75,6 +75,28 @@ def test_data_files_under_hidden_names_are_named_in_a_warning(tmp_path, no_ray, 
     assert "_2024_export.jsonl; rename them to read them" in warning and "_SUCCESS" not in warning
 
 
+def test_an_input_folder_holding_the_schema_or_labels_is_refused_before_ray(tmp_path, no_ray, capsys):
+    """A folder --input laid out as the README lays out a catalog (records.jsonl beside
+    attributes.json) read the schema's lines as records: rejected rows, and --limit used up by
+    them (a new user's walk, session 52). Labels (gold.jsonl) likewise."""
+    import shutil
+
+    catalog = tmp_path / "my-catalog"
+    catalog.mkdir()
+    (catalog / "records.jsonl").write_text(json.dumps({"product_id": "p", "category": "Shoes", "title": "t"}) + "\n")
+    shutil.copy(SAMPLE_ATTRIBUTES, catalog / "attributes.json")
+    assert run_extract(extract_args(catalog, tmp_path / "out", attributes=catalog / "attributes.json")) == 2
+    err = capsys.readouterr().err
+    assert f"--attributes {catalog / 'attributes.json'} lies inside --input {catalog}" in err
+    (catalog / "attributes.json").rename(tmp_path / "attributes.json")
+    (catalog / "gold.jsonl").write_text(json.dumps({"product_id": "p", "category": "Shoes", "target_scores": {}}) + "\n")
+    assert run_extract(extract_args(catalog, tmp_path / "out", attributes=tmp_path / "attributes.json")) == 2
+    err = capsys.readouterr().err
+    assert f"--input {catalog} holds labels ({catalog / 'gold.jsonl'})" in err
+    assert f"give --input the records' file ({catalog / 'records.jsonl'})" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_input_fails_within_seconds_and_writes_nothing(tmp_path):
     output = tmp_path / "out"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
