@@ -255,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
         print("hpd extract: error: the engine's decoders (hpd_core.decoders) are not installed; "
               "use --decoder dry-run to test the pipeline", file=sys.stderr)
         return 2
-    plan = preflight(config, args)  # every check; nothing written yet
+    with io.probing():  # an unreachable S3 endpoint is said in seconds (the job's own requests are tried longer)
+        plan = preflight(config, args)  # every check; nothing written yet
     if plan.input_modified:
         print("hpd extract: warning: files of --input were modified since this job started (their modification "
               "times differ): if one was rewritten, the values already written are the old content's, and a resume "

@@ -82,8 +82,16 @@ def refresh(output: str, attempt: Attempt) -> Attempt:
 
 
 def remove(output: str, attempt: Attempt) -> None:
-    """Delete an attempt's record: one that gave way, or found the job finished, did no work."""
+    """Delete an attempt's record: one that gave way, or found the job finished, did no work, or
+    one that held the lease while the output was deleted. A local folder of records left empty goes
+    too (only if empty: another attempt may have just written its record)."""
     io.delete_if_exists(record_uri(output, attempt))
+    fs, path = io.filesystem(io.join(output, DIRECTORY))
+    if fs.type_name == "local":
+        try:
+            os.rmdir(path)
+        except OSError:  # not empty, or not there
+            pass
 
 
 def load_all(output: str) -> list[Attempt]:

@@ -124,13 +124,27 @@ def claim_output(output: str, run_id: str, arguments: dict) -> bool:
     marker = io.join(output, "_job.json")
     if io.create_new(marker, json.dumps({"run_id": run_id, "arguments": arguments}, indent=1, sort_keys=True).encode()):
         return False
-    existing = io.read_json(marker)
+    existing = _read_claim(marker)
     if existing.get("run_id") != run_id:
         raise ValueError(
             f"{output} holds the output of another run ({existing.get('run_id')}, arguments "
             f"{existing.get('arguments')}); use a new --output, or the same arguments to resume it"
         )
     return True
+
+
+def _read_claim(marker: str, tries: int = 20) -> dict:
+    """``_job.json``, read again for a moment while it is empty (where files are created with
+    ``O_EXCL``, another run's claim is empty until written) or gone (an S3 write still under way)."""
+    for attempt in range(tries):
+        try:
+            if io.read_bytes(marker).strip():
+                return io.read_json(marker)
+        except FileNotFoundError:
+            pass
+        if attempt + 1 < tries:
+            time.sleep(0.1)
+    return io.read_json(marker)
 
 
 def check_claim(output: str, run_id: str) -> None:
@@ -143,27 +157,39 @@ def check_claim(output: str, run_id: str) -> None:
                          "use a new --output")
 
 
+def _deletion_rank(name: str) -> int:
+    """The order a job's files are deleted in: the report and the commit manifests first (an output
+    whose delete was interrupted must not pass for a finished job, nor count chunks whose files are
+    gone), the data next, the attempts' records, and the claim (``_job.json``) last (until then a
+    run can still tell the folder is an hpd extract output and delete the rest with --overwrite)."""
+    if name.startswith("_report"):
+        return 0
+    return {"_commits": 1, "_attempts": 3, "_job.json": 4}.get(name, 2)
+
+
 def discard(output: str, keep: str | None = None) -> None:
     """Delete everything under ``output`` (the folder itself stays) but the file ``keep`` (an
-    attempt's record, the lease an --overwrite holds while it deletes): --overwrite, or a failed run
-    that committed nothing. Only called on outputs that hold an hpd extract job (``_job.json``) or
-    nothing."""
+    attempt's record: the lease held while the files go), in ``_deletion_rank`` order: --overwrite,
+    or a failed run that committed nothing. Only called on outputs that hold an hpd extract job
+    (``_job.json``) or nothing. A file gone meanwhile (an attempt that gave way took its record) is
+    passed over."""
     fs, path = io.filesystem(output)
     if fs.get_file_info(path).type != pafs.FileType.Directory:
         return
-    if keep is None:
-        fs.delete_dir_contents(path, missing_dir_ok=True)
-        return
-    kept = io.filesystem(keep)[1]
-    for info in fs.get_file_info(pafs.FileSelector(path)):
+    kept = io.filesystem(keep)[1] if keep is not None else None
+    entries = sorted(fs.get_file_info(pafs.FileSelector(path)), key=lambda i: (_deletion_rank(i.base_name), i.path))
+    for info in entries:
         if info.path == kept:
             continue
-        if kept.startswith(info.path + "/"):  # the folder that holds it
-            discard(io.to_uri(fs, info.path), keep)
-        elif info.type == pafs.FileType.Directory:
-            fs.delete_dir(info.path)
-        else:
-            fs.delete_file(info.path)
+        try:
+            if kept is not None and kept.startswith(info.path + "/"):  # the folder that holds it
+                discard(io.to_uri(fs, info.path), keep)
+            elif info.type == pafs.FileType.Directory:
+                fs.delete_dir(info.path)
+            else:
+                fs.delete_file(info.path)
+        except FileNotFoundError:
+            pass
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ S3 uses the standard AWS environment: credentials, ``AWS_REGION``/``AWS_DEFAULT_
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import functools
 import json
 import os
+import time
 import uuid
 
 import pyarrow as pa
@@ -28,11 +31,33 @@ def _s3_settings() -> tuple[str | None, str | None]:
     return endpoint, os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
 
 
+_probe_attempts: contextvars.ContextVar[int | None] = contextvars.ContextVar("probe_attempts", default=None)
+PROBE_ATTEMPTS = 2  # the checks before a job starts: a wrong endpoint is said in seconds, not minutes
+
+
+@contextlib.contextmanager
+def probing(attempts: int = PROBE_ATTEMPTS):
+    """S3 requests made in this block (this thread) are tried at most ``attempts`` times: a job's
+    checks before it starts, where an unreachable endpoint is a mistake to report at once."""
+    token = _probe_attempts.set(attempts)
+    try:
+        yield
+    finally:
+        _probe_attempts.reset(token)
+
+
 def s3_attempts() -> int:
-    """Attempts per S3 request (``AWS_MAX_ATTEMPTS``, else ``S3_ATTEMPTS``), for boto3 and pyarrow
-    alike, with the AWS SDKs' standard retry mode (exponential backoff with jitter, up to 20 s a
-    wait): a throttled (503 SlowDown) or dropped request during a catalog backfill is tried again
-    rather than stopping the job (their defaults are 3 attempts for pyarrow, 5 for boto3)."""
+    """Attempts per S3 request (``AWS_MAX_ATTEMPTS``, else ``S3_ATTEMPTS``; fewer in a ``probing``
+    block), for boto3 and pyarrow alike, with the AWS SDKs' standard retry mode (exponential backoff
+    with jitter, up to 20 s a wait): a throttled (503 SlowDown) or dropped request during a catalog
+    backfill is tried again rather than stopping the job (their defaults are 3 attempts for pyarrow,
+    5 for boto3)."""
+    attempts = _configured_attempts()
+    probe = _probe_attempts.get()
+    return attempts if probe is None else min(attempts, probe)
+
+
+def _configured_attempts() -> int:
     given = os.environ.get("AWS_MAX_ATTEMPTS")
     try:
         attempts = int(given) if given else S3_ATTEMPTS
@@ -85,31 +110,43 @@ def create_new(uri: str, data: bytes) -> bool:
     """Write a whole file only if none is there: True if this call created it, False if the file
     existed (whoever wrote it; two callers at once: exactly one gets True).
 
-    S3: a conditional PutObject (``If-None-Match: *``; AWS S3 since 2024, SeaweedFS). A store that
-    does not implement it (answers 501) gets a plain PutObject after a check, which two callers at
-    the same moment can both pass. Local: the written temporary file is hard-linked to the name,
-    which fails if the name exists (``O_EXCL`` where the file system has no hard links)."""
+    First a check (a store that ignores the condition then still finds an existing file); then, on
+    S3, a conditional PutObject (``If-None-Match: *``; AWS S3 since 2024, SeaweedFS): 412, the file
+    is there; 409, another conditional write of it is under way, asked again. A store that does not
+    implement the condition (501) gets a plain PutObject, which two callers at the same moment can
+    both make. Local: the written temporary file is hard-linked to the name, which fails if the name
+    exists (``O_EXCL`` where the file system has no hard links)."""
+    if exists(uri):
+        return False
     fs, path = filesystem(uri)
-    if fs.type_name == "s3":
-        import botocore.exceptions
+    if fs.type_name != "s3":
+        return _write_local(path, data, exclusive=True)
+    import botocore.exceptions
 
-        bucket, _, key = path.partition("/")
-        client = _s3_client(*_s3_settings())
+    bucket, _, key = path.partition("/")
+    client = _s3_client(*_s3_settings())
+    for attempt in range(CONFLICT_ATTEMPTS):
         try:
             client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
             return True
         except botocore.exceptions.ClientError as err:
             code = err.response.get("Error", {}).get("Code")
             status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                return False  # there, or being written by another caller now
+            if code == "PreconditionFailed" or status == 412:
+                return False
+            if code == "ConditionalRequestConflict" and attempt + 1 < CONFLICT_ATTEMPTS:
+                time.sleep(0.2 * (attempt + 1))
+                continue
             if code != "NotImplemented" and status != 501:
                 raise
-        if exists(uri):
-            return False
-        client.put_object(Bucket=bucket, Key=key, Body=data)
-        return True
-    return _write_local(path, data, exclusive=True)
+        break
+    if exists(uri):
+        return False
+    client.put_object(Bucket=bucket, Key=key, Body=data)
+    return True
+
+
+CONFLICT_ATTEMPTS = 5  # S3 409 ConditionalRequestConflict: another conditional write of the key under way
 
 
 def _write_local(path: str, data: bytes, exclusive: bool) -> bool:
@@ -129,20 +166,33 @@ def _write_local(path: str, data: bytes, exclusive: bool) -> bool:
             except FileExistsError:
                 return False
             except OSError as err:  # no hard links here (some FUSE and network file systems)
-                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK,
+                                     errno.ENOSYS):
                     raise
-                try:
-                    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                except FileExistsError:
+                if not _create_exclusive(path, data):
                     return False
-                with os.fdopen(handle, "wb") as out:
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
     finally:
         if os.path.lexists(temporary):
             os.unlink(temporary)
     _fsync_directory(directory)
+    return True
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+    """``O_EXCL``: False if ``path`` exists. Not atomic for readers (the file is empty until written);
+    a write that fails removes the file, so it never blocks a later caller."""
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        os.unlink(path)
+        raise
     return True
 
 

@@ -119,6 +119,24 @@ def test_missing_s3_input_fails_before_ray_and_writes_nothing(s3_server, no_ray,
     assert io.list_files(f"s3://{bucket}") == []
 
 
+def test_an_unreachable_s3_endpoint_is_reported_in_seconds(no_ray, capsys, monkeypatch):
+    """The job's own S3 requests are tried 10 times (about 80 s against a closed port); the checks
+    before it starts are tried twice, so a wrong endpoint is a quick error (helper-32, session 52)."""
+    import time
+
+    from tests.conftest import free_port
+
+    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "k",
+                        "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    started = time.monotonic()
+    assert run_extract(extract_args(SAMPLE, "s3://some-bucket/out")) == 2
+    assert time.monotonic() - started < 20
+    assert "hpd extract: error:" in capsys.readouterr().err
+
+
 def test_a_missing_output_bucket_fails_before_ray(s3_server, no_ray, capsys):
     assert run_extract(extract_args(SAMPLE, "s3://no-such-bucket-hpd-test/out")) == 2
     assert "--output s3://no-such-bucket-hpd-test/out: the bucket does not exist" in capsys.readouterr().err
