@@ -53,18 +53,36 @@ def _run(command: str, module, args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:  # bad paths, bad input, bad settings: say what, not where
         if os.environ.get("HPD_TRACEBACK"):
             raise
-        print(f"hpd {command}: error: {err}", file=sys.stderr)  # (HPD_TRACEBACK=1 raises it instead)
+        print(f"hpd {command}: error: {_with_hint(err)}", file=sys.stderr)  # (HPD_TRACEBACK=1 raises it instead)
         return 2
     except CommandFailed as err:  # it started and failed: one message, not a traceback
         if os.environ.get("HPD_TRACEBACK"):
             raise
-        print(f"hpd {command}: failed: {err} (HPD_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        print(f"hpd {command}: failed: {_with_hint(err, '(HPD_TRACEBACK=1 shows the traceback)')}", file=sys.stderr)
         return 1
+    except Exception as err:  # boto3's errors are not OSErrors: those of a setting (S3's credentials, endpoint) too
+        if os.environ.get("HPD_TRACEBACK") or _s3_hint(err) is None:
+            raise
+        print(f"hpd {command}: error: {type(err).__name__}: {_with_hint(err)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
         hint = getattr(module, "INTERRUPTED", "")
         what = "stopped (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
         print(f"\nhpd {command}: {what}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
+
+
+def _s3_hint(err: BaseException) -> str | None:
+    from pipelines.io import s3_hint
+
+    return s3_hint(err)
+
+
+def _with_hint(err: BaseException, note: str = "") -> str:
+    """The error's message, then ``note``, then what to check when an S3 setting is the likely cause."""
+    said = " ".join(part for part in (str(err).rstrip(), note) if part)
+    hint = _s3_hint(err)
+    return said if hint is None else f"{said}{'' if said.endswith('.') else '.'} {hint}"
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import errno
 import functools
 import json
 import os
+import re
 import time
 import uuid
 
@@ -66,6 +67,47 @@ def _configured_attempts() -> int:
     if attempts < 1:
         raise ValueError(f"AWS_MAX_ATTEMPTS must be at least 1, got {attempts}")
     return attempts
+
+
+# S3 errors whose usual cause is a setting, as pyarrow (the AWS C++ SDK: "AWS Error ACCESS_DENIED
+# during HeadObject") and boto3 ("An error occurred (AccessDenied) when calling", its exception
+# types) write them; matched on ``Type: message`` of an error and of the errors it was raised from
+_S3_CAUSES = (
+    ("credentials", re.compile(
+        r"AWS Error (ACCESS_DENIED|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH|INVALID_SIGNATURE|"
+        r"MISSING_AUTHENTICATION_TOKEN|UNRECOGNIZED_CLIENT|INVALID_CLIENT_TOKEN_ID)|"
+        r"\((AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|InvalidToken|ExpiredToken)\)|"
+        r"NoCredentialsError|PartialCredentialsError")),
+    ("bucket", re.compile(r"AWS Error NO_SUCH_BUCKET|\(NoSuchBucket\)")),
+    ("region", re.compile(r"\((PermanentRedirect|AuthorizationHeaderMalformed)\)|AWS Error \w+ \(HTTP status 301\)")),
+    ("endpoint", re.compile(r"AWS Error NETWORK_CONNECTION|EndpointConnectionError|ConnectTimeoutError")),
+)
+
+
+def s3_hint(err: BaseException) -> str | None:
+    """What to check when ``err`` is an S3 error a setting usually causes (credentials, endpoint,
+    region, bucket), as a sentence naming the settings in effect; None for any other error."""
+    said, seen = [], err
+    while seen is not None and len(said) < 8:  # the error and those it was raised from
+        said.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    cause = next((name for name, pattern in _S3_CAUSES if any(pattern.search(s) for s in said)), None)
+    if cause is None:
+        return None
+    endpoint, region = _s3_settings()
+    variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+    where = f"{variable}={endpoint}" if endpoint else "AWS (AWS_ENDPOINT_URL is unset: set it for an S3-compatible store)"
+    if cause == "credentials":
+        return ("Check the S3 credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or the "
+                f"instance role), and that they may use this bucket; requests go to {where}.")
+    if cause == "bucket":
+        return f"No such bucket at {where}: check the bucket's name, and AWS_REGION ({region or 'unset'})."
+    if cause == "region":
+        return f"The bucket is in another region: set AWS_REGION to the bucket's region (now {region or 'unset'})."
+    if endpoint:
+        return f"S3 was not reached at {variable}={endpoint}: is the store running there, and is the URL right?"
+    return ("S3 was not reached at AWS (AWS_ENDPOINT_URL is unset): for an S3-compatible store (MinIO, SeaweedFS, "
+            f"...) set AWS_ENDPOINT_URL to its URL; on AWS, check the network and AWS_REGION ({region or 'unset'}).")
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -108,3 +108,95 @@ def test_the_sigterm_handler_from_before_is_back_after_a_command():
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# ------------------------------------------------------------------ S3 errors say what to check
+
+
+@pytest.fixture
+def s3_once(s3_server, monkeypatch):
+    """The test S3 server's settings, each request tried once; boto3 clients built afresh, in a
+    session of their own (a client keeps the credentials it was built with, boto3's default session
+    those it found first)."""
+    import boto3
+
+    from pipelines import io
+
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # the one from before is back after the test
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    io._s3_client_with.cache_clear()
+    yield s3_server
+    io._s3_client_with.cache_clear()
+
+
+def _s3_errors(bucket: str, tmp_path, capsys) -> tuple[str, str]:
+    """What `hpd extract` says of an S3 --input it cannot read (pyarrow), and what a command that
+    writes with boto3 says (a put that fails there)."""
+    from pipelines import io
+    from tests.pipelines.helpers import SAMPLE_ATTRIBUTES, extract_args
+
+    assert cli.main(["extract", *extract_args(f"s3://{bucket}/records", tmp_path / "out",
+                                              attributes=SAMPLE_ATTRIBUTES)]) == 2
+    read = capsys.readouterr().err.strip()
+    writer = type("Writer", (), {"run": staticmethod(lambda args: io.write_bytes(f"s3://{bucket}/x", b"x"))})
+    assert cli._run("rejected", writer, None) == 2
+    return read, capsys.readouterr().err.strip()
+
+
+def test_s3_refusing_the_credentials_says_to_check_them(s3_once, monkeypatch, tmp_path, capsys):
+    bucket = s3_once.make_bucket("creds")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    read, write = _s3_errors(bucket, tmp_path, capsys)
+    hint = ("Check the S3 credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or the instance "
+            f"role), and that they may use this bucket; requests go to AWS_ENDPOINT_URL={s3_once.endpoint}.")
+    assert read.startswith("hpd extract: error: ") and "AWS Error ACCESS_DENIED" in read and read.endswith(hint), read
+    assert write.startswith("hpd rejected: error: ClientError: ") and "(SignatureDoesNotMatch)" in write, write
+    assert write.endswith(hint) and "Traceback" not in write
+
+
+def test_an_s3_endpoint_that_does_not_answer_says_so(s3_once, monkeypatch, tmp_path, capsys):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    read, write = _s3_errors("cat", tmp_path, capsys)
+    hint = f"S3 was not reached at AWS_ENDPOINT_URL={endpoint}: is the store running there, and is the URL right?"
+    assert "AWS Error NETWORK_CONNECTION" in read and read.endswith(hint), read
+    assert write.startswith("hpd rejected: error: EndpointConnectionError: ") and write.endswith(hint), write
+
+
+def test_s3_hints_name_the_settings_as_they_are(monkeypatch):
+    """The errors a new user met, word for word: without AWS_ENDPOINT_URL the requests went to AWS."""
+    import botocore.exceptions
+
+    from pipelines.io import s3_hint
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    unresolved = OSError("When getting information for key 'records' in bucket 'cat': AWS Error NETWORK_CONNECTION "
+                         "during HeadObject operation: curlCode: 6, Could not resolve hostname; Details: Could not "
+                         "resolve host: cat.s3.us-east-1.amazonaws.com")
+    assert s3_hint(unresolved) == (
+        "S3 was not reached at AWS (AWS_ENDPOINT_URL is unset): for an S3-compatible store (MinIO, SeaweedFS, ...) "
+        "set AWS_ENDPOINT_URL to its URL; on AWS, check the network and AWS_REGION (us-east-1).")
+    denied = OSError("When getting information for key 'records' in bucket 'cat': AWS Error ACCESS_DENIED during "
+                     "HeadObject operation: No response body.")
+    assert s3_hint(denied).endswith("requests go to AWS (AWS_ENDPOINT_URL is unset: set it for an S3-compatible store).")
+    no_bucket = botocore.exceptions.ClientError({"Error": {"Code": "NoSuchBucket", "Message": "no"}}, "PutObject")
+    assert s3_hint(no_bucket).startswith("No such bucket at AWS (")
+    try:  # wrapped: the cause counts
+        raise ValueError("--output s3://cat/out: cannot be written") from botocore.exceptions.NoCredentialsError()
+    except ValueError as wrapped:
+        assert s3_hint(wrapped).startswith("Check the S3 credentials")
+    assert s3_hint(OSError("[Errno 2] No such file or directory")) is None
+    slow = botocore.exceptions.ClientError({"Error": {"Code": "SlowDown", "Message": "slow"}}, "PutObject")
+    assert s3_hint(slow) is None
+    failing = type("Failing", (), {"run": staticmethod(lambda args: (_ for _ in ()).throw(slow))})
+    with pytest.raises(botocore.exceptions.ClientError):  # not a setting: a traceback, as before
+        cli._run("rejected", failing, None)
