@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE
-from jobs.quiet import log_to_stderr
+from jobs.quiet import log_to_stderr, quiet_libraries
 from hpd_core.config import (
     ATTENTION, DEFAULT_BASE_MODEL, DEFAULT_FULL_LR, DEFAULT_LORA_LR, DTYPES, SKELETONS, DecodeConfig, ModelConfig, TrainConfig,
 )
@@ -109,6 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "the same schedule (a long run in sittings, or learning rates compared after epoch N)")
     train.add_argument("--save-epochs", action="store_true",
                        help="also save each epoch's adapter (or model, with --full) in OUT/epoch-N/, to choose on validation")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show what the libraries print: transformers' progress bars (model loading, saving) and "
+                             "deprecation warnings, bitsandbytes' notices (hidden by default; hpd's own warnings always show)")
 
 
 def docs_options(args: argparse.Namespace) -> dict:
@@ -155,7 +158,7 @@ def train_options(args: argparse.Namespace) -> dict:
 
 
 RUN_FILE = "run.json"  # in OUT/checkpoint/: what the run's first sitting was asked, for --resume to check
-SITTING_OPTIONS = ("resume", "stop_after_epoch", "checkpoint_minutes", "log_every", "save_epochs", "func")
+SITTING_OPTIONS = ("resume", "stop_after_epoch", "checkpoint_minutes", "log_every", "save_epochs", "verbose", "func")
 
 
 def plain_args(args: argparse.Namespace, skip=("func",)) -> dict:
@@ -294,6 +297,11 @@ def warn_about_data(stats: dict, sources) -> None:
 
 def run(args: argparse.Namespace) -> int:
     log_to_stderr("%(asctime)s %(message)s")  # warnings: "<time> warning: ..."
+    with quiet_libraries(active=not args.verbose):  # from before the imports: bitsandbytes' notice comes with them
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     import torch
 
     from hpd_core import finetune

@@ -9,19 +9,30 @@ Ray Data's restartable actors trigger). Those still go to Ray's log files
 (``/tmp/ray/session_latest/logs``). Errors are never hidden: they reach the driver as exceptions.
 
 ``log_to_stderr`` is `hpd finetune`'s log: every INFO line, warnings and errors marked as such.
+``quiet_libraries`` hides, around a command that runs the model in its own process (`hpd
+finetune`), what the libraries print that is no concern of its user: transformers' progress bars
+("Loading weights", "Writing model shards"), their FutureWarnings and DeprecationWarnings, and
+bitsandbytes' "pip install kernels" notice (a faster CPU kernel for 4-bit layers, which no command
+here uses); its ``--verbose`` shows them. hpd's own warnings (logged) are not affected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import threading
+import warnings
 
 # lines of Ray's C++ core (written to fd 2, not through Python) that are harmless for this job
 NOISE = (re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store "
                     rb"and max_restarts > 0"),)
+
+# libraries whose deprecation warnings (FutureWarning, DeprecationWarning) are hidden by default:
+# notices for their callers' developers (transformers' `is_gradient_checkpointing`, which peft calls)
+LIBRARIES = r"(transformers|peft|accelerate|torch|bitsandbytes|huggingface_hub)(\.|$)"
 
 
 def configure_logging(verbose: bool) -> None:
@@ -70,6 +81,37 @@ def quiet_ray_data(verbose: bool) -> None:
     if hasattr(context, "enable_operator_progress_bars"):
         context.enable_operator_progress_bars = verbose
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def quiet_libraries(active: bool = True):
+    """While the block runs (``active``): no transformers progress bars (the hub's download bars stay:
+    a download takes minutes), no deprecation warnings of ``LIBRARIES``, bitsandbytes' log at ERROR
+    only. As they were after it (a command also runs inside other processes: tests, a notebook)."""
+    if not active:
+        yield
+        return
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as transformers_logging
+
+    bars, downloads = transformers_logging.is_progress_bar_enabled(), not hub.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # the hub's bars too: the downloads' are put back
+    if downloads:
+        hub.enable_progress_bars()
+    bitsandbytes = logging.getLogger("bitsandbytes")
+    level = bitsandbytes.level
+    bitsandbytes.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning):
+                warnings.filterwarnings("ignore", category=category, module=LIBRARIES)
+            yield
+    finally:
+        bitsandbytes.setLevel(level)
+        if bars:
+            transformers_logging.enable_progress_bar()
+        if not downloads:
+            hub.disable_progress_bars()
 
 
 class StderrFilter:

@@ -14,7 +14,7 @@ import pytest
 from hpd_core.lora_merge import plain_lora
 from jobs.cli import main
 from jobs.finetune import CONFIG_FILE, EPOCH_FILE, docs_options, split
-from jobs.quiet import LevelPrefix
+from jobs.quiet import LevelPrefix, quiet_libraries
 from training import data as gold
 
 ATTRIBUTES = {"Shoes": ["Brand", "Color", "Size"], "Food": ["Brand", "Flavor"]}
@@ -581,6 +581,55 @@ def test_warnings_on_stderr_are_marked_as_such(data_dir, tmp_path):
     drafts = [line for line in lines if "as `hpd pick` wrote it" in line]
     assert len(drafts) == 1 and re.match(r"\d{4}-\d\d-\d\d [\d:,]+ warning: \S+gold.jsonl is ", drafts[0]), lines
     assert f"hpd finetune: error: --out {tmp_path / 'out'} is a file" in lines[-1]
+
+
+LIBRARY_NOISE = ("Loading weights", "Writing model shards", "FutureWarning", "DeprecationWarning", "kernels")
+
+
+def test_library_noise_is_hidden_unless_verbose(data_dir, model_dir, tmp_path):
+    """What the libraries print (transformers' progress bars and FutureWarnings, bitsandbytes' "pip
+    install kernels") is no concern of `hpd finetune`'s user and suggests something is missing: hidden
+    by default, shown with --verbose; hpd's own log stays. In a process of its own: the libraries
+    print much of it once per process, on import."""
+    argv = [sys.executable, "-m", "jobs.cli", "finetune", "--train", str(data_dir), "--model", str(model_dir),
+            "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4", "--max-steps", "1",
+            "--gradient-checkpointing"]  # fmt: skip
+    said = {}
+    for verbose in (False, True):
+        done = subprocess.run([*argv, "--out", str(tmp_path / f"out-{verbose}")] + ["--verbose"] * verbose,
+                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        said[verbose] = done.stderr
+    assert [noise for noise in LIBRARY_NOISE if noise in said[False]] == [], said[False]
+    assert " data: " in said[False] and " warning: " in said[False]  # its own: the data line, the rejected record
+    assert "Loading weights" in said[True] and "FutureWarning" in said[True], said[True]
+
+
+def test_quiet_libraries_hides_their_lines_not_ours(caplog):
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    def speak() -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:  # the filters in effect: no simplefilter here
+            warnings.warn_explicit("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning,
+                                   "transformers/modeling_utils.py", 3312, module="transformers.modeling_utils")
+            warnings.warn_explicit("ours", FutureWarning, "training/data.py", 1, module="training.data")
+            logging.getLogger("bitsandbytes.backends.cpu.ops").warning(
+                "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. Please make "
+                "sure you already `pip install kernels` and the kernels >= 0.11.1")
+            logging.getLogger("jobs.finetune").warning("a warning of ours")
+        return [str(w.message) for w in caught]
+
+    bars = transformers_logging.is_progress_bar_enabled()
+    with caplog.at_level(logging.INFO):
+        with quiet_libraries():
+            assert speak() == ["ours"]
+            assert not transformers_logging.is_progress_bar_enabled()
+        assert [r.getMessage() for r in caplog.records] == ["a warning of ours"]
+        caplog.clear()
+        assert len(speak()) == 2 and len(caplog.records) == 2  # as before, after it
+    assert transformers_logging.is_progress_bar_enabled() == bars
 
 
 def test_level_prefix_marks_warnings_and_errors_only():
