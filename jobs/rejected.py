@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     print(summary(rejected), file=sys.stderr)
     result = as_json(rejected)
     if args.out:
-        print(f"records of {rejected.rows} row(s): {args.out}", file=sys.stderr)
+        dedup = rejected.left_out["dedup"] if not args.stage else 0
+        print(f"records of {rejected.rows} row(s): {args.out}"
+              + (f"; not of the {dedup} dedup row(s), later copies of products the job wrote (--stage dedup writes them)"
+                 if dedup else ""), file=sys.stderr)
         result["out"] = args.out
     print(json.dumps(result))
     return 0

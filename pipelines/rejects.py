@@ -21,10 +21,12 @@ STAGES = ("read", "validate", "dedup", "extract")  # where a row can be rejected
 
 @dataclass
 class Rejected:
-    """What was read: the rows kept (of ``stages``), by (stage, reason), and all the output's rows."""
+    """What was read: the rows kept (of ``stages``), by (stage, reason), those left out by stage,
+    and all the output's rows."""
 
     reasons: Counter = field(default_factory=Counter)  # (stage, reason) -> rows kept
     rows_rejected: int = 0  # every row of rejected/, all stages (the report's rows_rejected)
+    left_out: Counter = field(default_factory=Counter)  # stage -> rows not of ``stages``
 
     @property
     def rows(self) -> int:
@@ -34,7 +36,7 @@ class Rejected:
         counts = Counter()
         for (stage, _), n in self.reasons.items():
             counts[stage] += n
-        return {stage: counts[stage] for stage in (*STAGES, *sorted(set(counts) - set(STAGES))) if counts[stage]}
+        return _in_order(counts)
 
     def top_reasons(self, top: int = 10) -> list[tuple[str, str, int]]:
         """The ``top`` most frequent (stage, reason, rows)."""
@@ -64,7 +66,9 @@ def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, record
     for path in [info.path for info in found if not info.base_name.startswith(".")]:
         table = pq.read_table(path, filesystem=fs, schema=REJECTED_SCHEMA, columns=["record", "reason", "stage"])
         result.rows_rejected += table.num_rows
-        table = table.filter(pc.is_in(table.column("stage"), value_set=kept))
+        chosen = pc.is_in(table.column("stage"), value_set=kept)
+        result.left_out.update(table.filter(pc.invert(chosen)).column("stage").to_pylist())
+        table = table.filter(chosen)
         result.reasons.update(zip(table.column("stage").to_pylist(), table.column("reason").to_pylist()))
         if records is not None:
             records.write("".join(record + "\n" for record in table.column("record").to_pylist()).encode())
@@ -75,7 +79,8 @@ def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, record
 
 def summary(rejected: Rejected) -> str:
     """The counts, for a person: rows by stage, then the most frequent reasons."""
-    of = f" of {rejected.rows_rejected}" if rejected.rows != rejected.rows_rejected else ""
+    left = ", ".join(f"{stage} {n}" for stage, n in _in_order(rejected.left_out).items())
+    of = f" of {rejected.rows_rejected} (left out: {left})" if left else ""
     stages = ", ".join(f"{stage} {n}" for stage, n in rejected.by_stage().items()) or "none"
     lines = [f"{rejected.rows} rejected row(s){of}: {stages}"]
     lines += [f"  {n:>8}  {stage:<8}  {reason}" for stage, reason, n in rejected.top_reasons()]
@@ -84,4 +89,10 @@ def summary(rejected: Rejected) -> str:
 
 def as_json(rejected: Rejected) -> dict:
     return {"rejected": rejected.rows, "by_stage": rejected.by_stage(),
-            "reasons": [{"stage": s, "reason": r, "rows": n} for s, r, n in rejected.top_reasons()]}
+            "reasons": [{"stage": s, "reason": r, "rows": n} for s, r, n in rejected.top_reasons()],
+            "left_out": _in_order(rejected.left_out)}
+
+
+def _in_order(counts: Counter) -> dict[str, int]:
+    """Counts by stage in pipeline order (then any other stage by name), zeros left out."""
+    return {stage: counts[stage] for stage in (*STAGES, *sorted(set(counts) - set(STAGES))) if counts[stage]}

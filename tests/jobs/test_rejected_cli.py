@@ -46,7 +46,8 @@ def test_rejected_rows_by_stage_and_their_records_run_again(ray_cluster, tmp_pat
     assert cli.main(["rejected", str(first), "--stage", "extract", "--out", str(retry)]) == 0
     result, said = last_json(capsys)
     assert result["rejected"] == 2 and result["by_stage"] == {"extract": 2} and result["out"] == str(retry)
-    assert "2 rejected row(s) of 5: extract 2" in said
+    assert "2 rejected row(s) of 5 (left out: read 1, validate 1, dedup 1): extract 2" in said
+    assert result["left_out"] == {"read": 1, "validate": 1, "dedup": 1} and "later copies" not in said  # --stage
     again = [json.loads(line) for line in retry.read_text().splitlines()]
     failed = {r["product_id"] for r in again}
     assert len(failed) == 2 and "p7" in failed and all(r["category"] == "Tea" for r in again)  # the originals
@@ -132,13 +133,20 @@ def test_out_leaves_later_copies_out_unless_asked_and_is_read_like_a_plain_file(
     out = tmp_path / "again.jsonl"
     assert cli.main(["rejected", str(output), "--out", str(out)]) == 0
     result, said = last_json(capsys)
-    assert result["by_stage"] == {"read": 1, "validate": 1, "extract": 2} and "4 rejected row(s) of 5" in said
+    assert result["by_stage"] == {"read": 1, "validate": 1, "extract": 2} and result["rejected"] == 4
+    assert result["left_out"] == {"dedup": 1}  # the report's 5 rejected: what is not in --out is said
+    assert "4 rejected row(s) of 5 (left out: dedup 1): read 1, validate 1, extract 2" in said
+    assert f"records of 4 row(s): {out}; not of the 1 dedup row(s), later copies of products the job wrote" in said
     assert "tea again" not in out.read_text()  # the duplicate of p3
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
     assert cli.main(["rejected", str(output), "--stage", "dedup", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["title"] == "tea again"
+    result, said = last_json(capsys)
+    assert result["left_out"] == {"read": 1, "validate": 1, "extract": 2} and "later copies" not in said
+    assert cli.main(["rejected", str(output)]) == 0  # without --out: every stage, nothing left out
+    assert last_json(capsys)[0]["left_out"] == {}
     capsys.readouterr()
     assert cli.main(["rejected", str(output), "--out", str(tmp_path)]) == 2
     assert "is a folder: name the file to write" in capsys.readouterr().err
