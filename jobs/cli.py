@@ -61,8 +61,8 @@ def _run(command: str, module, args: argparse.Namespace) -> int:
         print(f"hpd {command}: failed: {_with_hint(err, '(HPD_TRACEBACK=1 shows the traceback)')}", file=sys.stderr)
         return 1
     except Exception as err:  # boto3's errors are not OSErrors: those of a setting (S3's credentials, endpoint) too
-        if os.environ.get("HPD_TRACEBACK") or _s3_hint(err) is None:
-            raise
+        if os.environ.get("HPD_TRACEBACK") or not _boto_error(err) or _s3_hint(err) is None:
+            raise  # any other error (a bug raised while an S3 error was handled included) keeps its traceback
         print(f"hpd {command}: error: {type(err).__name__}: {_with_hint(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
@@ -70,6 +70,20 @@ def _run(command: str, module, args: argparse.Namespace) -> int:
         what = "stopped (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
         print(f"\nhpd {command}: {what}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
+
+
+def _boto_error(err: BaseException) -> bool:
+    """``err`` is boto3's, or was raised from one (``raise ... from``; not merely while handling one)."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return False
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, (BotoCoreError, ClientError)):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _s3_hint(err: BaseException) -> str | None:

@@ -284,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
     if overwrite:
         from pipelines import attempts
 
-        attempts.refuse_if_running(output, None, attempts.HEARTBEAT_SECONDS)  # at once, before Ray starts
+        attempts.await_quiet(output, None, attempts.HEARTBEAT_SECONDS)  # before Ray starts
         print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
     if plan.empty:
         from pipelines.build import empty_job

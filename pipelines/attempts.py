@@ -13,7 +13,8 @@ resumed. A re-run of a finished job does no work and records no attempt.
 The records are also the output's lease: two attempts on one output at once would write the same
 chunks (and one that failed would delete the other's files), so an attempt that finds another one
 running (``running``: not ended, refreshed within the last ``3 x heartbeat_seconds``, and, on the
-same host and in the same PID namespace, its process still there) gives way. Each writes its record first and looks second, so
+same host and in the same PID namespace, its process still there) gives way once that one shows a
+sign of life (a refresh), and goes on once its record goes stale (``await_quiet``). Each writes its record first and looks second, so
 of two started together at least the later one sees the other (both may give way; neither runs).
 """
 
@@ -157,13 +158,39 @@ def running(output: str, mine: Attempt | None, heartbeat_seconds: float, now: fl
 def refuse_if_running(output: str, mine: Attempt | None, heartbeat_seconds: float) -> None:
     """Raise ``ValueError`` naming another attempt still running on ``output``."""
     if others := running(output, mine, heartbeat_seconds):
-        other = others[-1]
-        host, pid = _host_and_pid(other.name)
-        raise ValueError(
-            f"another `hpd extract` is working on {output} (attempt {other.name}: host {host}, pid {pid}, last "
+        raise ValueError(_working(output, others[-1]))
+
+
+def _working(output: str, other: Attempt) -> str:
+    host, pid = _host_and_pid(other.name)
+    return (f"another `hpd extract` is working on {output} (attempt {other.name}: host {host}, pid {pid}, last "
             f"seen {max(0.0, time.time() - other.updated_at):.0f} s ago): two at once would write the same chunks. "
-            f"Wait for it to end or stop it; a driver killed on another host counts as running for "
-            f"{3 * heartbeat_seconds:.0f} s after its last sign of life")
+            "Wait for it to end or stop it")
+
+
+def await_quiet(output: str, mine: Attempt | None, heartbeat_seconds: float, poll_seconds: float = 1.0) -> None:
+    """Give way to another attempt that shows a sign of life, and wait out one that does not.
+
+    Raises ``ValueError`` as soon as another attempt's record is refreshed after this one first saw
+    it (it lives: at most one heartbeat later); returns once no other is ``running`` (a driver killed
+    anywhere, its record not refreshed for ``3 x heartbeat_seconds``; one killed on this host and in
+    this PID namespace at once). So a driver started again right after one was killed (a restarted
+    container, a scheduler's retry) waits out the killed one's record instead of being refused."""
+    first_seen: dict[str, float] = {}
+    said = False
+    while others := running(output, mine, heartbeat_seconds):
+        for other in others:
+            if other.updated_at > first_seen.setdefault(other.name, other.updated_at):
+                raise ValueError(_working(output, other))
+        if not said:
+            other = others[-1]
+            host, pid = _host_and_pid(other.name)
+            wait = max(0.0, 3 * heartbeat_seconds - (time.time() - other.updated_at))
+            log.warning("attempt %s (host %s, pid %s) on %s was last seen %.0f s ago: waiting up to %.0f s for a sign "
+                        "of life (then this run gives way) or for its record to go stale (a killed driver's; then this "
+                        "run goes on)", other.name, host, pid, output, time.time() - other.updated_at, wait)
+            said = True
+        time.sleep(poll_seconds)
 
 
 class Heartbeat:

@@ -407,7 +407,7 @@ def delete_under_lease(output_uri: str, heartbeat_seconds: float = attempts.HEAR
     losing its files; refused (``ValueError``) while another attempt runs there."""
     attempt = attempts.begin(output_uri, "cpu", 0, 0.0, time.time())
     try:
-        attempts.refuse_if_running(output_uri, attempt, heartbeat_seconds)
+        attempts.await_quiet(output_uri, attempt, heartbeat_seconds)
         heartbeat = attempts.Heartbeat(output_uri, attempt, heartbeat_seconds)
         try:
             commit.discard(output_uri, keep=attempts.record_uri(output_uri, attempt))
@@ -464,12 +464,13 @@ def run_job(
 def begin_attempt(output: commit.OutputConfig, resources: ResourceConfig, report: ReportConfig,
                   progress: ProgressConfig, started: float, claimed: bool = True) -> attempts.Heartbeat:
     """Record this attempt and keep its record fresh: the output's lease (pipelines/attempts.py).
-    Gives way (``ValueError``, its record removed) to another attempt running on the output, and
+    Gives way (``ValueError``, its record removed) to another attempt running on the output (waiting
+    out one whose record goes stale: a killed driver's), and
     (``claimed``) to another run that claimed the output beside this one."""
     device = "gpu" if resources.device == "gpu" else "cpu"  # "auto": decided, with the devices, once sized
     attempt = attempts.begin(output.uri, device, 0, report.price(device), started)
     try:
-        attempts.refuse_if_running(output.uri, attempt, progress.heartbeat_seconds)
+        attempts.await_quiet(output.uri, attempt, progress.heartbeat_seconds)
         if claimed:
             commit.check_claim(output.uri, output.run_id)
     except BaseException:

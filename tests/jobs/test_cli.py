@@ -200,3 +200,12 @@ def test_s3_hints_name_the_settings_as_they_are(monkeypatch):
     failing = type("Failing", (), {"run": staticmethod(lambda args: (_ for _ in ()).throw(slow))})
     with pytest.raises(botocore.exceptions.ClientError):  # not a setting: a traceback, as before
         cli._run("rejected", failing, None)
+
+    def bug_while_handling(args):  # a bug in clean-up after an S3 error is no S3 error (helper-35)
+        try:
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+        except botocore.exceptions.EndpointConnectionError:
+            return {}["manifest"]
+
+    with pytest.raises(KeyError):  # its traceback, not "S3 was not reached"
+        cli._run("extract", type("Buggy", (), {"run": staticmethod(bug_while_handling)}), None)

@@ -443,10 +443,11 @@ def test_a_second_attempt_beside_a_running_one_gives_way_and_leaves_its_files(ra
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl(records))
     output = str(tmp_path / "out")
-    argv = extract_args(source, output, "--chunk-rows", 40, "--dry-run-seconds-per-prompt", 0.5)
+    # long enough (10 prompts of 4.5 s) for the others to see it refresh its record (every 15 s) twice
+    argv = extract_args(source, output, "--chunk-rows", 40, "--dry-run-seconds-per-prompt", 4.5)
     driver = start_extract(argv, ray_cluster.address, {"RAY_DATA_AUTOSCALING_REQUEST_EXPIRE_TIME_S": "15"})
     wait_for(lambda: io.exists(io.join(output, "_dedup", "_index.json")) or driver.poll() is not None, "the first's index")
-    assert run_extract(argv) == 2
+    assert run_extract(argv) == 2  # once it has seen the running one refresh its record
     assert "another `hpd extract` is working on" in capsys.readouterr().err
     assert run_extract([*argv, "--overwrite"]) == 2  # nor is a job at work deleted
     assert "another `hpd extract` is working on" in capsys.readouterr().err

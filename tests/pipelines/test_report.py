@@ -149,7 +149,7 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
                      records["dead here, other namespace"].name}  # never mine
     assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found  # mine: this process's pid
     with pytest.raises(ValueError, match=r"another `hpd extract` is working on .*out \(attempt .*: host other-host, "
-                       r"pid 7, last seen 10 s ago\).*counts as running for 45 s"):
+                       r"pid 7, last seen 10 s ago\): two at once would write the same chunks"):
         attempts.refuse_if_running(output, mine, heartbeat_seconds=15)
     (tmp_path / "out" / attempts.DIRECTORY / "broken.json").write_text("{")  # left out of the records, with a warning
     assert len(attempts.load_all(output)) == len(records) + 1
@@ -157,6 +157,37 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
     attempts.remove(output, records["alive here"])
     attempts.remove(output, records["dead here, other namespace"])
     attempts.refuse_if_running(output, mine, heartbeat_seconds=15)  # nothing else running
+
+
+def test_a_new_attempt_waits_out_a_silent_record_and_gives_way_to_a_live_one(tmp_path, caplog):
+    """A driver started again right after one was killed elsewhere (a restarted container, a
+    scheduler's retry) used to be refused for up to 3 heartbeats; it now waits for the killed one's
+    record to go stale. A live attempt shows itself by refreshing its record: then it gives way."""
+    import threading
+
+    output, hb = str(tmp_path / "out"), 0.5
+    mine = attempts.begin(output, "cpu", 0, 0.0425, started_at=time.time())
+    now = time.time()
+    killed = attempts.save(output, attempts.Attempt(f"{int(now * 1000) - 1:015d}-other-host-7", now - 9, now - 0.5,
+                                                    "gpu", 1, 3.77))
+    started = time.monotonic()
+    attempts.await_quiet(output, mine, hb, poll_seconds=0.05)  # its record goes stale at 1.5 s
+    assert 0.8 < time.monotonic() - started < 5 and "waiting up to 1 s for a sign of life" in caplog.text
+    attempts.remove(output, killed)
+
+    other = attempts.save(output, attempts.Attempt(f"{int(now * 1000) - 2:015d}-other-host-8", now, now, "gpu", 1, 3.77))
+    live = attempts.Heartbeat(output, other, seconds=hb / 3)
+    stop = threading.Timer(20, live.stop)  # a bound, should the test fail
+    stop.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="another `hpd extract` is working on .*other-host-8"):
+            attempts.await_quiet(output, mine, hb, poll_seconds=0.05)
+        assert time.monotonic() - started < 5  # one refresh seen, not waited out
+    finally:
+        stop.cancel()
+        live.stop()
+    attempts.await_quiet(output, mine, hb, poll_seconds=0.05)  # it ended: nothing to wait for
 
 
 def test_a_heartbeat_marks_its_attempt_ended_and_sizes_it(tmp_path):
@@ -219,10 +250,15 @@ def test_an_overwrite_deletes_under_a_lease_that_an_attempt_starting_meanwhile_r
     assert lease.startswith(io.join(output, attempts.DIRECTORY)) and io.list_files(output) == []
 
     io.write_json(io.join(output, "_job.json"), {"run_id": "old"})
-    attempts.save(output, attempts.Attempt(f"{int(now * 1000):015d}-other-host-8", now, time.time(), "cpu", 1, 0.04))
-    with pytest.raises(ValueError, match="another `hpd extract` is working on"):
-        build.delete_under_lease(output)  # a job at work is not deleted
-    assert len(io.list_files(output)) == 2 and len(attempts.load_all(output)) == 1  # its files and record, not ours
+    other = attempts.save(output, attempts.Attempt(f"{int(now * 1000):015d}-other-host-8", now, time.time(), "cpu", 1, 0.04))
+    live = attempts.Heartbeat(output, other, seconds=0.2)  # a job at work (refreshing its record) is not deleted
+    try:
+        with pytest.raises(ValueError, match="another `hpd extract` is working on"):
+            build.delete_under_lease(output)
+        kept = [f for f in io.list_files(output) if "/.tmp-" not in f]  # not a refresh's file on its way
+        assert len(kept) == 2 and len(attempts.load_all(output)) == 1  # its files and record, not ours
+    finally:
+        live.stop()
 
 
 def test_batches_by_step_shape_are_summed_and_reported():
