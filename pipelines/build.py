@@ -406,15 +406,12 @@ def delete_under_lease(output_uri: str, heartbeat_seconds: float = attempts.HEAR
     (kept fresh during a long S3 delete), so an attempt that starts meanwhile gives way instead of
     losing its files; refused (``ValueError``) while another attempt runs there."""
     attempt = attempts.begin(output_uri, "cpu", 0, 0.0, time.time())
+    heartbeat = attempts.Heartbeat(output_uri, attempt, heartbeat_seconds)  # alive while it waits (see begin_attempt)
     try:
         attempts.await_quiet(output_uri, attempt, heartbeat_seconds)
-        heartbeat = attempts.Heartbeat(output_uri, attempt, heartbeat_seconds)
-        try:
-            commit.discard(output_uri, keep=attempts.record_uri(output_uri, attempt))
-        finally:
-            heartbeat.stop(write=False)
+        commit.discard(output_uri, keep=attempts.record_uri(output_uri, attempt))
     finally:
-        attempts.remove(output_uri, attempt)
+        attempts.remove(output_uri, heartbeat.stop(write=False))
 
 
 def run_job(
@@ -469,14 +466,17 @@ def begin_attempt(output: commit.OutputConfig, resources: ResourceConfig, report
     (``claimed``) to another run that claimed the output beside this one."""
     device = "gpu" if resources.device == "gpu" else "cpu"  # "auto": decided, with the devices, once sized
     attempt = attempts.begin(output.uri, device, 0, report.price(device), started)
+    # refreshed while it waits for another's record to show life or go stale: of two attempts started
+    # together, each then sees the other refresh, and both give way (neither runs), as without the wait
+    heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
     try:
         attempts.await_quiet(output.uri, attempt, progress.heartbeat_seconds)
         if claimed:
             commit.check_claim(output.uri, output.run_id)
     except BaseException:
-        attempts.remove(output.uri, attempt)
+        attempts.remove(output.uri, heartbeat.stop(write=False))
         raise
-    return attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
+    return heartbeat
 
 
 def _rows(shard: reader.Shard, index: idindex.ShardIndex) -> int:

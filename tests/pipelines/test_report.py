@@ -190,6 +190,42 @@ def test_a_new_attempt_waits_out_a_silent_record_and_gives_way_to_a_live_one(tmp
     attempts.await_quiet(output, mine, hb, poll_seconds=0.05)  # it ended: nothing to wait for
 
 
+def test_two_attempts_started_together_both_give_way(tmp_path):
+    """Each writes its record first and looks second, and refreshes it while it waits: each sees the
+    other refresh, so both give way (neither runs), where waiting without refreshing would have let
+    both run once the other's record went stale. Two processes (one process's own pid is never
+    another attempt's)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pipelines import commit, io
+
+    output = str(tmp_path / "out")
+    io.write_json(io.join(output, "_job.json"), {"run_id": "r"})
+    script = (
+        "import sys, time\n"
+        "from pipelines import build, commit\n"
+        "from pipelines.progress import ProgressConfig\n"
+        "from pipelines.report import ReportConfig\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # both start at the same moment\n"
+        "try:\n"
+        "    heartbeat = build.begin_attempt(commit.OutputConfig(sys.argv[1], 'r'), build.ResourceConfig(), ReportConfig(),\n"
+        "                                    ProgressConfig(heartbeat_seconds=0.5), time.time())\n"
+        "    heartbeat.stop()\n"
+        "    print('ran')\n"
+        "except ValueError as err:\n"
+        "    print('gave way' if 'another `hpd extract` is working on' in str(err) else err)\n"
+    )
+    at = str(time.time() + 8)  # after both have imported Ray
+    repo = str(Path(__file__).resolve().parents[2])
+    runs = [subprocess.Popen([sys.executable, "-c", script, output, at], cwd=repo, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    said = sorted(run.communicate(timeout=120)[0].strip() for run in runs)
+    assert said == ["gave way", "gave way"], said
+    assert commit.scan(output).manifests == () and attempts.load_all(output) == []
+
+
 def test_a_heartbeat_marks_its_attempt_ended_and_sizes_it(tmp_path):
     output = str(tmp_path)
     heartbeat = attempts.Heartbeat(output, attempts.begin(output, "cpu", 0, 0.0425, started_at=time.time()), seconds=0.01)
