@@ -47,6 +47,10 @@ SKELETONS = ("interleaved", "after-products")
 PLAIN_ANSWER_PREFIX = "\n\nAnswer:\n"  # used when the tokenizer has no chat template
 INDENT = "  "
 TERMINATORS = ",\n}"  # characters that end a JSON value in the answer
+# The version of a product's prompt text, recorded in each job's _job.json: a job is not resumed
+# under another (its output would hold values of two prompts). Raise it with every change of what
+# a prompt says for the same record. 1: the title first (until 2026-11-29); 2: the title last.
+PROMPT_FORMAT = 2
 
 
 def _product_json(request: Request, j: int) -> str:

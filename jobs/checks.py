@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpd_core import prompts
 from jobs.config import JobConfig, flag_for
 from pipelines import commit, io, reader
 from pipelines.dryrun import DRY_RUN
@@ -26,6 +27,8 @@ from pipelines.dryrun import DRY_RUN
 
 MODEL_FILES = "model_files"  # in _job.json's arguments, outside the run id
 INPUT_MODIFIED = "input_modified"  # likewise: the digest of the input files' modification times
+PROMPT_FORMAT = "prompt_format"  # likewise: hpd_core.prompts.PROMPT_FORMAT of the version that started the job
+NOT_ARGUMENTS = (MODEL_FILES, INPUT_MODIFIED, PROMPT_FORMAT)  # in _job.json's arguments, but no flag sets them
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Preflight:
     run_id: str  # the job's run id (the output's own where it was started under a former one)
     ignored: tuple[str, ...] = ()  # data files of the input not read for their names (_ or . first)
     input_modified: bool = False  # the same job, and its input files' modification times differ since it started
+    prompt_format_unknown: bool = False  # the same job, started by a version that did not record its prompt format
 
 
 def hub_cache() -> Path:
@@ -146,7 +150,7 @@ def conflict_message(output: str, existing: dict, arguments: dict, args: argpars
     parts = []
     there, here = (_group_chunks_shown(a) for a in (existing.get("arguments") or {}, arguments))
     for key, old, new in commit.differences(there, here):
-        if key.split(".", 1)[0] in (MODEL_FILES, INPUT_MODIFIED):  # not arguments (see model_files)
+        if key.split(".", 1)[0] in NOT_ARGUMENTS:
             continue
         name = flag_for(key.rsplit(".", 1)[-1], args) or key
         if key == "attributes":
@@ -185,7 +189,8 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     arguments = {**config.arguments, INPUT_MODIFIED: plan.modified}
     if config.extract.decoder != DRY_RUN:
         check_model(config.extract.model_uri, config.extract.adapter_uri)
-        arguments = {**arguments, MODEL_FILES: model_files(config.extract.model_uri, config.extract.adapter_uri)}
+        arguments = {**arguments, MODEL_FILES: model_files(config.extract.model_uri, config.extract.adapter_uri),
+                     PROMPT_FORMAT: prompts.PROMPT_FORMAT}
     output = config.output.uri
     if output.startswith("s3://") and not io.exists("s3://" + output[len("s3://"):].split("/", 1)[0]):
         raise ValueError(f"--output {output}: the bucket does not exist (or these credentials cannot see it)")
@@ -214,10 +219,27 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     if same and not args.overwrite and io.exists(io.join(output, "_report.json")):
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
+    resumed = same and not args.overwrite and not complete
+    if resumed:  # a finished job is only reported, whoever finished it
+        check_prompt_format(existing, arguments, output)
     # a file rewritten in place to the same size keeps its shards (a size that changed is refused
     # when the job's id index is read); its modification time is the first sign, and copying or
     # touching a file changes it too, so this is a warning (none for jobs from before the digest);
     # the prepare stage refuses a chunk whose rows no longer read as the id index says
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
+    prompt_format_unknown = resumed and PROMPT_FORMAT in arguments and PROMPT_FORMAT not in (existing.get("arguments") or {})
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
-                     tuple(plan.ignored), modified)
+                     tuple(plan.ignored), modified, prompt_format_unknown)
+
+
+def check_prompt_format(existing: dict, arguments: dict, output: str) -> None:
+    """A job is resumed only by a version that prompts as the one that started it (see
+    ``hpd_core.prompts.PROMPT_FORMAT``); jobs started before it was recorded are let through (the
+    caller warns)."""
+    before = (existing.get("arguments") or {}).get(PROMPT_FORMAT)
+    now = arguments.get(PROMPT_FORMAT)
+    if before is not None and now is not None and before != now:
+        raise ValueError(f"the job in --output {output} was started by another version of hpd extract, which prompts "
+                         f"the model otherwise (prompt format {before}; this version's: {now}); resuming would write "
+                         "values of two prompts into one output: finish it with the version that started it, use a "
+                         "new --output, or --overwrite to start it over")

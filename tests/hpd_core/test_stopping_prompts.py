@@ -168,3 +168,22 @@ def test_a_products_title_comes_last_in_its_text_and_a_title_alone_is_as_it_was(
     assert product_text(full, 0) == '{"description": "A leather upper.", "features": ["Lace-up"], "title": "Diesel Sneaker"}'
     alone = Request("Shoes", attributes, (Product("p", 'Men\'s "Ace" Shoe'),))
     assert product_text(alone, 0) == json.dumps({"title": 'Men\'s "Ace" Shoe'}, ensure_ascii=False)
+
+
+# the text of a fixed request's prompt and skeleton (both skeletons) under each prompt format
+PROMPT_TEXT_DIGESTS = {2: "fa97c8fa69c04538"}
+
+
+def test_a_change_of_the_prompt_text_raises_the_prompt_format():
+    """Jobs record ``PROMPT_FORMAT`` so a resume by a version that prompts otherwise is refused
+    (jobs/checks.py): a change of what a prompt says must come with a new number. If this fails,
+    raise ``hpd_core.prompts.PROMPT_FORMAT`` and add the new digest here."""
+    import hashlib
+
+    from hpd_core import prompts
+
+    request = Request("Shoes", (Attribute("Brand", "the maker"), Attribute("Size")),
+                      (Product("a", "Nike Air 10", "Running shoe", ("light", "red")), Product("b", 'Adidas "Samba"')))
+    text = "\x00".join(prompts.render_instructions(request, s) + "\x01" + "\x01".join(prompts.skeleton_segments(request, s))
+                       for s in prompts.SKELETONS)
+    assert PROMPT_TEXT_DIGESTS.get(prompts.PROMPT_FORMAT) == hashlib.sha256(text.encode()).hexdigest()[:16]

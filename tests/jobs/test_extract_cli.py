@@ -216,6 +216,39 @@ def test_files_fingerprint_follows_the_content_not_the_place(tmp_path):
     assert files["model"].startswith("embedded:") and files["adapter"] is None and files == checks.model_files("default", None)
 
 
+def test_a_resume_by_a_version_that_prompts_otherwise_is_refused(tmp_path, no_ray, capsys):
+    """A job records how its version prompts (hpd_core.prompts.PROMPT_FORMAT); a resume by a version
+    that prompts otherwise would write values of two prompts into one output. A job from before the
+    record is resumed with a warning."""
+    from jobs.config import from_args
+    from hpd_core import prompts
+    from pipelines import commit
+
+    argv = ["--input", SAMPLE, "--attributes", SAMPLE_ATTRIBUTES, "--output", tmp_path / "out"]
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    args = parser.parse_args([str(a) for a in argv])
+    config = from_args(args)
+    plan = checks.preflight(config, args)
+    assert plan.arguments[checks.PROMPT_FORMAT] == prompts.PROMPT_FORMAT
+    older = {**plan.arguments, checks.PROMPT_FORMAT: prompts.PROMPT_FORMAT - 1}
+    commit.claim_output(config.output.uri, config.output.run_id, older)  # begun by the version before
+    assert run_extract(argv) == 2
+    err = capsys.readouterr().err
+    assert f"prompt format {prompts.PROMPT_FORMAT - 1}; this version's: {prompts.PROMPT_FORMAT}" in err
+    overwrite = parser.parse_args([*map(str, argv), "--overwrite"])
+    assert checks.preflight(from_args(overwrite), overwrite).existing_run == config.output.run_id  # not refused
+
+    unrecorded = {k: v for k, v in plan.arguments.items() if k != checks.PROMPT_FORMAT}
+    io.write_json(io.join(config.output.uri, "_job.json"),
+                  {**io.read_json(io.join(config.output.uri, "_job.json")), "arguments": unrecorded})
+    again = checks.preflight(config, args)
+    assert again.existing_run == config.output.run_id and again.prompt_format_unknown
+    run_extract(argv)
+    err = capsys.readouterr().err
+    assert "did not record how it prompts" in err and "the job started" in err  # warned, then resumed: on to Ray
+
+
 def test_a_resume_with_the_adapter_changed_under_its_name_is_refused(tmp_path, no_ray, capsys):
     """Before, the run id knew the adapter by its path alone: a resume after retraining it in place
     was accepted, and the output held two adapters' values."""
