@@ -168,10 +168,12 @@ def check_input_files(shards: list[reader.Shard], input_uri: str, attributes: st
     whose lines would be rejected one by one, and would use up ``--limit``."""
     from datafiles.dataset import GOLD_DRAFT_FILE, GOLD_FILE, RECORDS_FILE
 
+    def real(uri: str) -> str:  # a local file by its real path: a link to the schema is the schema
+        return uri if "://" in uri else os.path.realpath(uri)
+
     uris = {shard.uri for shard in shards}
     if attributes is not None:
-        schema = attributes if attributes.startswith("s3://") else os.path.abspath(attributes)
-        if schema in uris:
+        if real(attributes) in {real(uri) for uri in uris}:
             raise ValueError(f"--attributes {attributes} lies inside --input {input_uri}, whose files are all read as "
                              "records: give --input the records' file (or a folder of records only), or move the schema out")
     labels = sorted(uri for uri in uris if uri.rsplit("/", 1)[-1] in (GOLD_FILE, GOLD_DRAFT_FILE))

@@ -89,6 +89,10 @@ def test_an_input_folder_holding_the_schema_or_labels_is_refused_before_ray(tmp_
     err = capsys.readouterr().err
     assert f"--attributes {catalog / 'attributes.json'} lies inside --input {catalog}" in err
     (catalog / "attributes.json").rename(tmp_path / "attributes.json")
+    (catalog / "schema-link.json").symlink_to(tmp_path / "attributes.json")  # the schema by another name
+    assert run_extract(extract_args(catalog, tmp_path / "out", attributes=tmp_path / "attributes.json")) == 2
+    assert f"--attributes {tmp_path / 'attributes.json'} lies inside --input {catalog}" in capsys.readouterr().err
+    (catalog / "schema-link.json").unlink()
     (catalog / "gold.jsonl").write_text(json.dumps({"product_id": "p", "category": "Shoes", "target_scores": {}}) + "\n")
     assert run_extract(extract_args(catalog, tmp_path / "out", attributes=tmp_path / "attributes.json")) == 2
     err = capsys.readouterr().err
