@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobs.cli import main
 from datafiles.dataset import gold_draft
-from training.selection import SelectionConfig, quotas, select
+from training.selection import Lowest, SelectionConfig, quotas, rank, seed_key, select
 
 
 def test_quotas_give_each_category_its_minimum_and_the_rest_by_size():
@@ -53,8 +56,61 @@ def test_categories_tied_on_their_share_are_ordered_by_the_seed_not_by_name():
     assert {tuple(quotas(untied, 4, 0, seed).values()) for seed in range(12)} == {(1, 2, 1)}
 
 
+def test_the_order_is_a_keyed_hash_of_the_id_the_same_on_every_run():
+    """The sample is reproducible from the seed alone: the rank of an id is fixed (pinned here, so
+    a change of the hash is seen), the seeds give different orders, and a seed of any size is a key."""
+    key = hashlib.blake2b(b"0", digest_size=16).digest()
+    assert seed_key(0) == key
+    assert rank("p1", key) == (int.from_bytes(hashlib.blake2b(b"p1", digest_size=8, key=key).digest(), "big"), "p1")
+    assert rank("p1", key) == (0xA29F1F83CE2845AC, "p1")
+    ids = [f"p{i}" for i in range(100)]
+    orders = {seed: sorted(ids, key=lambda p: rank(p, seed_key(seed))) for seed in (0, 1, -1, 10**100)}
+    assert len({tuple(order) for order in orders.values()}) == 4
+
+
+_ids = st.lists(st.text(min_size=1, max_size=6), unique=True, max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ids, st.integers(0, 70), st.integers(-3, 3), st.randoms(use_true_random=False))
+def test_the_streamed_sample_is_the_lowest_ranks_of_all(ids, limit, seed, rng):
+    """``Lowest`` (a bottom-k sample, O(limit) memory) keeps what sorting every id by rank keeps,
+    whatever the order the ids come in, split over files and repeated; and where each kept id was
+    seen is every file that named it."""
+    key = seed_key(seed)
+    stream = [(product_id, f"file{rng.randrange(4)}") for product_id in ids for _ in range(rng.randrange(1, 4))]
+    rng.shuffle(stream)
+    lowest = Lowest(limit, key)
+    for product_id, where in stream:
+        lowest.offer([product_id], where)
+    assert lowest.ranked() == sorted(ids, key=lambda p: rank(p, key))[:limit]  # the slow, obvious reference
+    assert len(lowest.kept) == len(lowest.seen_in) == min(limit, len(ids))
+    for product_id in lowest.ranked():
+        assert lowest.seen_in[product_id] == {where for p, where in stream if p == product_id}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.sampled_from("ABCDE")), unique_by=lambda t: t[0], min_size=1, max_size=120),
+       st.integers(1, 40), st.integers(0, 3), st.integers(0, 5))
+def test_select_is_each_categorys_quota_of_its_lowest_ranks(products, count, minimum, seed):
+    """``select`` (the reference `hpd pick` streams): per category its quota, the products first in
+    the seed's order, in input order; the same as a ``Lowest`` per category fed in any order."""
+    products = [(f"p{i}", c) for i, c in products]
+    config = SelectionConfig(count, minimum, seed)
+    chosen = select(products, config)
+    sizes = {c: sum(1 for _, k in products if k == c) for _, c in products}
+    wanted = quotas(sizes, count, minimum, seed)
+    assert sorted(c for p, c in products if p in set(chosen)) == sorted(c for c, k in wanted.items() for _ in range(k))
+    assert chosen == [p for p, _ in products if p in set(chosen)]  # input order
+    streamed = {c: Lowest(wanted[c], seed_key(seed)) for c in sizes}
+    for product_id, category in reversed(products):
+        streamed[category].offer([product_id], "file")
+    assert set(chosen) == {p for lowest in streamed.values() for p in lowest.ranked()}
+
+
 def test_bad_settings_are_named():
-    for kwargs, message in (({"count": 0}, "count must be"), ({"count": 5, "min_per_category": -1}, "min_per_category must be")):
+    for kwargs, message in (({"count": 0}, "count must be"), ({"count": 5, "min_per_category": -1}, "min_per_category must be"),
+                            ({"count": 5, "reserves": -1}, "reserves must be"), ({"count": 5, "seed": "1"}, "seed must be")):
         with pytest.raises(ValueError, match=message):
             SelectionConfig(**kwargs)
 
@@ -86,13 +142,14 @@ def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path
     _job_output(output, [("1", "Shoes", "Brand", "Acme"), ("1", "Shoes", "Color", "red"),
                          ("2", "Shoes", "Brand", "Zed"), ("2", "Shoes", "Color", None), ("3", "Tea", "Flavor", "green")])
     argv = ["pick", str(output), "--input", str(tmp_path / "records.jsonl"), "--attributes", str(tmp_path / "attributes.json"),
-            "--count", "2", "--min-per-category", "1", "--seed", "0", "--out", str(tmp_path / "label")]
+            "--count", "2", "--min-per-category", "1", "--seed", "1", "--out", str(tmp_path / "label")]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert summary == {"picked": 2, "of": 3, "not_in_input": 0, "seed": 0, "per_category": {"Shoes": 1, "Tea": 1},
+    assert summary == {"picked": 2, "of": 3, "not_in_input": 0, "seed": 1, "per_category": {"Shoes": 1, "Tea": 1},
                        "out": str(tmp_path / "label")}
     picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
     assert picked == [records[1], records[2]]  # one of each category, as they were (4 was not extracted)
+    assert select([("1", "Shoes"), ("2", "Shoes"), ("3", "Tea")], SelectionConfig(2, 1, seed=1)) == ["2", "3"]  # the rule's
     drafts = [json.loads(line) for line in (tmp_path / "label" / "gold-draft.jsonl").read_text().splitlines()]
     assert drafts[0] == {"product_id": "2", "category": "Shoes", "target_scores": {"Brand": {"Zed": 1}, "Color": {"n/a": 1}}}
     # corrected and saved as gold.jsonl, the folder is what `hpd finetune --train` reads
@@ -105,7 +162,7 @@ def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path
     assert main(argv) == 2 and "is not a new or empty folder" in capsys.readouterr().err
     assert main([*argv[:7], "1", *argv[8:-1], str(tmp_path / "label3")]) == 0  # --count 1, one of each of 2 categories
     assert "more than --count 1: at least 1 of each of the 2 categories" in capsys.readouterr().err
-    argv[argv.index("--seed") + 1], argv[-1] = "1", str(tmp_path / "label2")
+    argv[argv.index("--seed") + 1], argv[-1] = "0", str(tmp_path / "label2")  # seed 0 ranks product 1 before 2
     assert main(argv) == 0
     assert (tmp_path / "label2" / "records.jsonl").read_text() != (tmp_path / "label" / "records.jsonl").read_text()
 
