@@ -4,10 +4,15 @@ rows ``{product_id, attribute, value, truncated, ...}``, local or on S3.
 Each file is read on its own (``partitioning=None``); its category is the URL-unquoted value of its
 ``category=`` directory, or the file's own ``category`` column where it has one (outputs written
 before 2026-11-24, and hand-made prediction files).
+
+``read_predictions`` folds the whole output into memory. For an output of any size,
+``attribute_paths`` lists its files one ``category=`` folder at a time, ``rows_by_category`` reads
+some columns of one file, and ``read_values`` the values of a few products (what `hpd pick` does).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -16,6 +21,7 @@ from datafiles.storage import resolve
 PREDICTIONS_DIR = "attributes"
 REQUIRED_COLUMNS = ("product_id", "attribute", "value")
 PARTITION_KEY = "category"
+HIDDEN_PREFIXES = (".", "_")  # names pyarrow.dataset's discovery passes over (attribute_files)
 
 
 @dataclass(frozen=True)
@@ -87,3 +93,93 @@ def read_predictions(uri: str) -> Predictions:
         truncated += sum(1 for flag in table.get("truncated", ()) if flag)
         rows += n_rows
     return Predictions(values, categories, rows, len(fragments), truncated, confidence)
+
+
+def attribute_paths(uri: str, what: str = "predictions"):
+    """``(file system, paths)``: the files under ``URI/attributes/`` that ``attribute_files`` reads
+    (names starting ``.`` or ``_`` passed over), listed one top-level folder (a category) at a time as
+    the paths are consumed, so that a listing holds one category's files, not the output's."""
+    from pyarrow import fs
+
+    filesystem, base = resolve(uri)
+    root = f"{base}/{PREDICTIONS_DIR}"
+    try:
+        entries = filesystem.get_file_info(fs.FileSelector(root, allow_not_found=False))
+    except FileNotFoundError as err:
+        raise ValueError(f"no {what} at {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`") from err
+
+    def visible(path: str) -> bool:
+        return not any(part.startswith(HIDDEN_PREFIXES) for part in path[len(root):].split("/") if part)
+
+    def paths() -> Iterator[str]:
+        found = False
+        for entry in sorted(entries, key=lambda e: e.path):
+            if not visible(entry.path):
+                continue
+            inside = [entry] if entry.type == fs.FileType.File else \
+                filesystem.get_file_info(fs.FileSelector(entry.path, recursive=True))
+            for file in sorted((f.path for f in inside if f.type == fs.FileType.File and visible(f.path))):
+                found = True
+                yield file
+        if not found:
+            raise ValueError(f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`")
+
+    return filesystem, paths()
+
+
+def _ids_as_text(table):
+    """``table`` with its product_id column as strings (ids are strings everywhere after reading)."""
+    import pyarrow as pa
+
+    at = table.schema.get_field_index("product_id")
+    if at < 0 or table.schema.field(at).type == pa.string():
+        return table
+    return table.set_column(at, "product_id", table["product_id"].cast(pa.string()))
+
+
+def _open(filesystem, path: str):
+    """One file as a ``pyarrow.parquet.ParquetFile``, its required columns checked (``read_columns``' message)."""
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(filesystem.open_input_file(path))
+    missing = [c for c in REQUIRED_COLUMNS if c not in file.schema_arrow.names]
+    if missing:
+        raise ValueError(
+            f"{path}: missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)} (is this `hpd extract` output?)"
+        )
+    return file
+
+
+def rows_by_category(filesystem, path: str, columns: tuple[str, ...]) -> dict[str | None, object]:
+    """Of one file, ``columns`` (of ``REQUIRED_COLUMNS``) as a ``pyarrow.Table`` per category: its
+    ``category=`` folder's, or row by row its ``category`` column's where it has one; ``None``: neither."""
+    import pyarrow.compute as pc
+
+    file = _open(filesystem, path)
+    if PARTITION_KEY not in file.schema_arrow.names:
+        return {_partition_category(path): _ids_as_text(file.read(columns=list(columns)))}
+    table = _ids_as_text(file.read(columns=[*columns, PARTITION_KEY]))
+    groups = {}
+    for category in pc.unique(table[PARTITION_KEY]).to_pylist():
+        held = pc.is_null(table[PARTITION_KEY]) if category is None else pc.equal(table[PARTITION_KEY], category)
+        groups[category] = table.filter(held).select(list(columns))
+    return groups
+
+
+def read_values(filesystem, paths: Iterable[str], product_ids: Collection[str]) -> dict[str, dict[str, object]]:
+    """product_id -> attribute -> value for ``product_ids``, from the files ``paths`` (those that
+    hold them); a product given an attribute twice is refused, as by ``read_predictions``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted = pa.array(sorted(product_ids), type=pa.string())
+    values: dict[str, dict[str, object]] = {}
+    for path in paths:
+        table = _ids_as_text(_open(filesystem, path).read(columns=list(REQUIRED_COLUMNS)))
+        table = table.filter(pc.is_in(table["product_id"], value_set=wanted)).to_pydict()
+        for product_id, attribute, value in zip(table["product_id"], table["attribute"], table["value"]):
+            per_product = values.setdefault(product_id, {})
+            if attribute in per_product:
+                raise ValueError(f"{path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
+            per_product[attribute] = value
+    return values

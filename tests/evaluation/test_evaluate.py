@@ -13,7 +13,7 @@ import pytest
 from pyarrow import fs
 
 from datafiles.dataset import read_attributes, read_gold
-from datafiles.predictions import read_predictions
+from datafiles.predictions import attribute_paths, read_predictions, read_values, rows_by_category
 from datafiles.storage import s3_options
 from jobs.cli import main
 
@@ -341,3 +341,70 @@ def test_gold_attributes_the_schema_lacks_are_warned_of_with_counts(tmp_path: Pa
             f"have for their category (e.g. {lower} line 3, category 'Shoes': brand (Brand?); it has Brand, Color)") in err
     assert main(argv + ["--gold", str(lower)]) == 0  # no schema: the predictions' attributes of the category
     assert f"3 of 5 gold products name 3 attribute(s) that the predictions in {out} does not have" in capsys.readouterr().err
+
+
+def _streamed(uri: str) -> tuple[list[str], dict, dict]:
+    """What the readers for an output of any size give: its files, product -> category, and the values."""
+    filesystem, paths = attribute_paths(uri)
+    paths = list(paths)
+    categories: dict = {}
+    for path in paths:
+        for category, table in rows_by_category(filesystem, path, ("product_id", "attribute")).items():
+            for product_id in table["product_id"].to_pylist():
+                categories.setdefault(product_id, category)
+    return paths, categories, read_values(filesystem, paths, set(categories))
+
+
+def _hand_made_and_hidden_files(base: Path) -> None:
+    """A file of no category (no category= folder, no column), and files the dataset discovery passes over."""
+    loose = pa.Table.from_pydict(_rows("x", {"loose-1": {"Brand": "Lo"}}), schema=SCHEMA).drop_columns(["category"])
+    pq.write_table(loose, base / "attributes" / "loose.parquet")
+    (base / "attributes" / "_temporary" / "category=Shoes").mkdir(parents=True)
+    hidden = pa.Table.from_pydict(_rows("Shoes", {"hidden-1": {"Brand": "No"}}), schema=SCHEMA).drop_columns(["category"])
+    pq.write_table(hidden, base / "attributes" / "_temporary" / "category=Shoes" / "x.parquet")
+    pq.write_table(hidden, base / "attributes" / "category=Shoes" / ".x.parquet")
+
+
+def test_the_readers_for_any_size_agree_with_read_predictions(tmp_path: Path):
+    """attribute_paths, rows_by_category and read_values (what `hpd pick` reads an output of any
+    size with) give what read_predictions (the whole output in memory) gives: the same files, each
+    product's category (the directory's, the column's, or none) and values."""
+    write_predictions(fs.LocalFileSystem(), str(tmp_path / "o"))
+    _hand_made_and_hidden_files(tmp_path / "o")
+    predictions = read_predictions(str(tmp_path / "o"))
+    paths, categories, values = _streamed(str(tmp_path / "o"))
+    assert len(paths) == predictions.files == 4
+    assert categories == predictions.categories and categories["loose-1"] is None and categories[_pid(0)] == BATH
+    assert values == predictions.values
+    filesystem, _ = attribute_paths(str(tmp_path / "o"))
+    assert read_values(filesystem, paths, {_pid(2)}) == {_pid(2): PREDICTED[2]}  # only those asked for
+
+
+def test_the_readers_for_any_size_read_s3(s3_bucket):
+    bucket, filesystem = s3_bucket
+    write_predictions(filesystem, f"{bucket}/jobs/run-2")
+    predictions = read_predictions(f"s3://{bucket}/jobs/run-2")
+    paths, categories, values = _streamed(f"s3://{bucket}/jobs/run-2/")
+    assert len(paths) == 3 and (categories, values) == (predictions.categories, predictions.values)
+
+
+def test_the_readers_for_any_size_say_what_is_wrong(tmp_path: Path):
+    with pytest.raises(ValueError, match="hpd extract"):
+        attribute_paths(str(tmp_path / "nothing-here"))
+    (tmp_path / "empty" / "attributes").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no Parquet files"):
+        list(attribute_paths(str(tmp_path / "empty"))[1])
+    bad = tmp_path / "bad" / "attributes"
+    bad.mkdir(parents=True)
+    pq.write_table(pa.table({"product_id": ["p"], "value": ["v"]}), bad / "x.parquet")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['attribute'\]"):
+        rows_by_category(fs.LocalFileSystem(), str(bad / "x.parquet"), ("product_id",))
+    dup = tmp_path / "dup" / "attributes"
+    dup.mkdir(parents=True)
+    table = pa.Table.from_pydict(_rows("Shoes", {2: {"Brand": "Zed"}}), schema=SCHEMA)
+    pq.write_table(table, dup / "a.parquet")
+    pq.write_table(table, dup / "b.parquet")
+    with pytest.raises(ValueError, match="duplicate prediction"):
+        read_values(fs.LocalFileSystem(), [str(dup / "a.parquet"), str(dup / "b.parquet")], {_pid(2)})
+    with pytest.raises(ValueError, match="unsupported URI scheme"):
+        attribute_paths("gs://bucket/x")
