@@ -145,8 +145,8 @@ def test_cli_writes_records_schema_and_a_gold_draft_that_finetune_reads(tmp_path
             "--count", "2", "--min-per-category", "1", "--seed", "1", "--out", str(tmp_path / "label")]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert summary == {"picked": 2, "of": 3, "not_in_input": 0, "seed": 1, "per_category": {"Shoes": 1, "Tea": 1},
-                       "out": str(tmp_path / "label")}
+    assert summary == {"picked": 2, "of": 3, "looked_up": 3, "not_in_input": 0, "seed": 1,
+                       "per_category": {"Shoes": 1, "Tea": 1}, "out": str(tmp_path / "label")}
     picked = [json.loads(line) for line in (tmp_path / "label" / "records.jsonl").read_text().splitlines()]
     assert picked == [records[1], records[2]]  # one of each category, as they were (4 was not extracted)
     assert select([("1", "Shoes"), ("2", "Shoes"), ("3", "Tea")], SelectionConfig(2, 1, seed=1)) == ["2", "3"]  # the rule's
@@ -306,3 +306,181 @@ def test_a_yaml_schema_is_written_as_json_attributes(tmp_path, capsys):
     from training import data
 
     assert data.load_gold(data.resolve_sources(tmp_path / "label")).products[0].values == ("green", None)
+
+
+def _catalog(folder: Path, sizes: dict[str, int], chunk: int = 16) -> list[dict]:
+    """An `hpd extract` output of generated products (a file per chunk of input rows and category,
+    two attributes each, `_job.json` naming the input) and its input; returns the records."""
+    order = [c for c, n in sizes.items() for _ in range(n)]
+    __import__("random").Random(7).shuffle(order)  # the categories spread through the input
+    records = [{"product_id": f"p{i:07d}", "category": c, "title": f"product {i}"} for i, c in enumerate(order)]
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "attributes.json").write_text(json.dumps({c: ["Brand", "Color"] for c in sizes}))
+    for start in range(0, len(records), chunk):
+        rows = [(r["product_id"], r["category"], a, f"{a} of {r['product_id']}") for r in records[start:start + chunk]
+                for a in ("Brand", "Color")]
+        for category in sorted({r[1] for r in rows}):
+            part = folder / "run" / "attributes" / f"category={category}"
+            part.mkdir(parents=True, exist_ok=True)
+            mine = [r for r in rows if r[1] == category]
+            pq.write_table(pa.table({"product_id": [r[0] for r in mine], "attribute": [r[2] for r in mine],
+                                     "value": [r[3] for r in mine]}), part / f"{start // chunk:06d}.parquet")
+    _job_record(folder / "run", folder / "attributes.json", input=str(folder / "records.jsonl"))
+    return records
+
+
+def _pick(folder: Path, capsys, *options: str, out: str = "label") -> tuple[dict, list[dict], str]:
+    argv = ["pick", str(folder / "run"), "--attributes", str(folder / "attributes.json"), *options, "--out", str(folder / out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    picked = [json.loads(line) for line in (folder / out / "records.jsonl").read_text().splitlines()]
+    return json.loads(captured.out.splitlines()[-1]), picked, captured.err
+
+
+def test_cli_picks_each_categorys_share_first_in_the_seeds_order(tmp_path, capsys):
+    """Each category's quota of the output's products, those first in the seed's order (the
+    reference ``select``), in input order; the same for a seed, another for another seed."""
+    sizes = {"A": 60, "B": 30, "C": 10}
+    records = _catalog(tmp_path, sizes)
+    products = [(r["product_id"], r["category"]) for r in records]
+    runs = {}
+    for n, seed in enumerate((0, 0, 1)):
+        summary, picked, _ = _pick(tmp_path, capsys, "--count", "20", "--seed", str(seed), out=f"label{n}")
+        assert summary["per_category"] == quotas(sizes, 20, 2, seed)
+        assert (summary["of"], summary["looked_up"], summary["not_in_input"]) == (100, 40, 0)  # quota + 1 reserve each
+        assert [r["product_id"] for r in picked] == select(products, SelectionConfig(20, seed=seed))
+        assert picked == [r for r in records if r in picked]  # as they were, in input order
+        drafts = [json.loads(line) for line in (tmp_path / f"label{n}" / "gold-draft.jsonl").read_text().splitlines()]
+        assert [d["target_scores"]["Color"] for d in drafts] == [{f"Color of {r['product_id']}": 1} for r in picked]
+        runs[n] = picked
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_cli_takes_reserves_for_products_not_in_the_input_and_says_when_they_run_out(tmp_path, capsys):
+    """A product the input (as the job read it) lacks is stood in for by the next in the seed's
+    order: the picks are each category's quota of the products it has, first in the order (quotas
+    by the output's counts), as long as no more are missing than the reserves (one per product
+    picked); past that, the category gets fewer and the command says so."""
+    sizes = {"A": 60, "B": 30, "C": 10}
+    records = _catalog(tmp_path, sizes)
+    key = seed_key(0)
+    first = {c: sorted((r["product_id"] for r in records if r["category"] == c), key=lambda p: rank(p, key)) for c in sizes}
+    gone = {first["A"][0], first["A"][3], first["B"][1], first["C"][0]}  # within each category's reserves
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["product_id"] not in gone))
+    summary, picked, err = _pick(tmp_path, capsys, "--count", "20")
+    wanted = quotas(sizes, 20, 2, 0)
+    assert summary["per_category"] == wanted and summary["not_in_input"] == 4 and summary["looked_up"] == 40
+    assert {r["product_id"] for r in picked} == {p for c in sizes for p in [p for p in first[c] if p not in gone][: wanted[c]]}
+    assert (f"warning: 4 of the 40 products of {tmp_path / 'run'} are not in {tmp_path / 'records.jsonl'} as the job read "
+            "it (0 under another category; it looked up only those it may pick and their reserves, of 100)") in err
+    assert "fewer than --count" not in err and "short of" not in err
+    gone |= set(first["C"][:-1])  # all of C's but its last in the order: its reserves are not enough
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["product_id"] not in gone))
+    summary, picked, err = _pick(tmp_path, capsys, "--count", "20", out="label2")
+    assert summary["per_category"] == {c: n for c, n in wanted.items() if c != "C"} and summary["picked"] == 20 - wanted["C"]
+    assert (f"fewer than --count 20: short of their share: C 0 of {wanted['C']}; more of their products than the "
+            "reserves (1 per product picked) are not in the input") in err
+
+
+def test_cli_places_products_of_no_category_by_their_input_record(tmp_path, capsys):
+    """A hand-made output whose file has no category (no category= folder, no column) is picked
+    from by the categories of the products' records in the input; one with a category column (an
+    older output) by that column."""
+    records = [{"product_id": f"p{i}", "category": "Tea" if i % 3 else "Shoes", "title": f"product {i}"} for i in range(12)]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "attributes.json").write_text(json.dumps({"Shoes": ["Brand"], "Tea": ["Flavor"]}))
+    rows = [(r["product_id"], "Brand" if r["category"] == "Shoes" else "Flavor", f"v{r['product_id']}") for r in records[:10]]
+    (tmp_path / "run" / "attributes").mkdir(parents=True)
+    pq.write_table(pa.table({"product_id": [r[0] for r in rows], "attribute": [r[1] for r in rows], "value": [r[2] for r in rows]}),
+                   tmp_path / "run" / "attributes" / "loose.parquet")
+    argv = ["--input", str(tmp_path / "records.jsonl"), "--count", "4", "--min-per-category", "1"]
+    summary, picked, _ = _pick(tmp_path, capsys, *argv)
+    products = [(r["product_id"], r["category"]) for r in records[:10]]
+    assert summary["per_category"] == quotas({"Shoes": 4, "Tea": 6}, 4, 1, 0) == {"Shoes": 2, "Tea": 2}
+    assert summary["of"] == 10
+    assert [r["product_id"] for r in picked] == select(products, SelectionConfig(4, 1))
+    drafts = [json.loads(line) for line in (tmp_path / "label" / "gold-draft.jsonl").read_text().splitlines()]
+    assert [d["category"] for d in drafts] == [r["category"] for r in picked]
+    assert all(set(d["target_scores"][a]) == {f"v{d['product_id']}"} for d in drafts for a in d["target_scores"])
+    (tmp_path / "run" / "attributes" / "loose.parquet").unlink()
+    categories = {p: c for p, c in products}
+    pq.write_table(pa.table({"product_id": [r[0] for r in rows], "category": [categories[r[0]] for r in rows],
+                             "attribute": [r[1] for r in rows], "value": [r[2] for r in rows]}),
+                   tmp_path / "run" / "attributes" / "older.parquet")
+    assert _pick(tmp_path, capsys, *argv, out="label2")[1] == picked
+
+
+def test_cli_picks_from_an_output_on_s3(tmp_path, s3_server, capsys):
+    """An output on S3 is read as a local one is: the same picks."""
+    from pyarrow import fs
+
+    from datafiles.storage import s3_options
+
+    _catalog(tmp_path, {"A": 20, "B": 10})
+    bucket = s3_server.make_bucket("pick-output")
+    filesystem = fs.S3FileSystem(**s3_options(s3_server.env))
+    for file in (tmp_path / "run").rglob("*"):
+        if file.is_file():
+            with filesystem.open_output_stream(f"{bucket}/run/{file.relative_to(tmp_path / 'run')}") as out:
+                out.write(file.read_bytes())
+    local = _pick(tmp_path, capsys, "--count", "8")
+    argv = ["pick", f"s3://{bucket}/run", "--attributes", str(tmp_path / "attributes.json"), "--count", "8",
+            "--out", str(tmp_path / "label-s3")]
+    assert main(argv) == 0 and json.loads(capsys.readouterr().out.splitlines()[-1])["per_category"] == local[0]["per_category"]
+    assert (tmp_path / "label-s3" / "records.jsonl").read_text() == (tmp_path / "label" / "records.jsonl").read_text()
+    assert (tmp_path / "label-s3" / "gold-draft.jsonl").read_text() == (tmp_path / "label" / "gold-draft.jsonl").read_text()
+
+
+def test_cli_holds_the_picks_not_the_output(tmp_path, capsys, monkeypatch):
+    """200,000 products: `hpd pick` never holds them all. Its traced Python allocations peak far
+    below what the set of their ids alone takes (the pick before this held that and every value of
+    each), and hardly higher than on an output of a tenth of the size (what it holds beyond the
+    picks is the input reader's blocks); it reads the output a file at a time, only the product_id column
+    but for the values of the picks, and those from the files that hold them only."""
+    import tracemalloc
+
+    from jobs import pick
+
+    sizes = {"A": 100_000, "B": 60_000, "C": 30_000, "D": 10_000}
+    for name, scale in (("small", 10_000), ("tenth", 10), ("big", 1)):
+        (tmp_path / name).mkdir()
+        records = _catalog(tmp_path / name, {c: n // scale for c, n in sizes.items()}, chunk=2048)
+    files = sum(1 for _ in (tmp_path / "big" / "run" / "attributes").rglob("*.parquet"))
+    _pick(tmp_path / "small", capsys, "--count", "5")  # what the command imports and caches, before the trace
+    reads, values_read, peaks = [], [], {}
+
+    def rows_by_category(filesystem, path, columns, read=pick.rows_by_category):
+        tables = read(filesystem, path, columns)
+        reads.append((columns, sum(table.num_rows for table in tables.values())))
+        return tables
+
+    def read_values(filesystem, paths, product_ids, read=pick.read_values):
+        values_read.append((list(paths), set(product_ids)))
+        return read(filesystem, values_read[-1][0], product_ids)
+
+    tracemalloc.start()
+    try:
+        for name in ("tenth", "big"):
+            if name == "big":
+                monkeypatch.setattr(pick, "rows_by_category", rows_by_category)
+                monkeypatch.setattr(pick, "read_values", read_values)
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            summary, picked, _ = _pick(tmp_path / name, capsys, "--count", "300")
+            peaks[name] = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        ids = {f"p{i:07d}" for i in range(len(records))}  # what holding the output's ids alone takes
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert summary["picked"] == 300 and summary["of"] == len(ids) == 200_000
+    figures = f"peaks {peaks['tenth'] / 2**20:.2f} and {peaks['big'] / 2**20:.2f} MiB, the ids alone {held / 2**20:.2f} MiB"
+    assert peaks["big"] < held / 4, figures  # 3.7 MiB and 18.9 MiB here: the input reader's 1 MiB blocks, split in lines
+    assert peaks["big"] < peaks["tenth"] + held / 20, figures  # ten times the products, (almost) nothing more held
+    assert {columns for columns, _ in reads} == {("product_id",)} and len(reads) == 2 * files  # the census, the sample
+    assert max(rows for _, rows in reads) <= 2 * 2048  # one file's rows at a time
+    [(paths, wanted)] = values_read
+    assert wanted == {r["product_id"] for r in picked} and len(paths) <= 300
+    products = [(r["product_id"], r["category"]) for r in records]
+    assert [r["product_id"] for r in picked] == select(products, SelectionConfig(300))  # the slow reference agrees
