@@ -81,7 +81,7 @@ def build(work: Path, products: int, categories: int, chunk_rows: int) -> None:
 
 TRACED = """
 import json, sys, tracemalloc
-import jobs.pick, pipelines.reader, datafiles.predictions, pyarrow.parquet, pyarrow.compute
+import jobs.pick, pipelines.reader, datafiles.predictions, pyarrow.parquet, pyarrow.compute, pandas  # pyarrow imports pandas as it reads
 from jobs.cli import build_parser, main
 build_parser()  # every subcommand's module imported (torch too) before the trace starts
 tracemalloc.start()
