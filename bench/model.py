@@ -12,7 +12,6 @@ import argparse
 from dataclasses import replace
 
 from hpd_core.config import ModelConfig
-from hpd_core.runner import body_parameters
 
 # Published architecture hyper-parameters (config.json of each model); weights are random.
 RANDOM_ARCHS: dict[str, dict] = {
@@ -111,6 +110,8 @@ def load(args: argparse.Namespace) -> tuple[dict[str, object], object, dict]:
 
 def model_info(args: argparse.Namespace, model, tokenizer, name: str, source) -> dict:
     """What the report says about the model (HPD's; the baseline's differs only in its adapter)."""
+    from hpd_core.runner import body_parameters  # torch: not for `hpd --help`, which builds every command's flags
+
     total = sum(p.numel() for p in model.parameters())
     head = model.get_output_embeddings().weight
     body = body_parameters(model)

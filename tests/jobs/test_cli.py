@@ -40,6 +40,17 @@ def test_help(argv, capsys):
     assert capsys.readouterr().out.startswith(f"usage: hpd {' '.join(argv[:-1])}".rstrip())
 
 
+def test_the_cli_starts_without_the_model_libraries():
+    """Every command's flags are built at start-up: a module that imports torch there made `hpd
+    --help` (and every command's start, `hpd pick` and `hpd evaluate` included) take 3.8 s and
+    385 MB here, against 0.2 s and 80 MB."""
+    code = ("import sys\nfrom jobs import cli\ncli.build_parser()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_extract_help_names_every_embedded_model():
     from hpd_core.models import EMBEDDED
 
