@@ -137,10 +137,11 @@ def sample(filesystem, paths: Iterable[str], limits: Mapping[str, int], placed: 
         for category, table in rows_by_category(filesystem, path, ("product_id",)).items():
             ids = pc.unique(table["product_id"]).drop_null().to_pylist()
             if category is not None:
-                lowest[category].offer(ids, path)
+                if category in lowest:  # else written since the census (a job at work): not counted, not picked
+                    lowest[category].offer(ids, path)
                 continue
             for product_id in ids:
-                if product_id in placed:
+                if product_id in placed and placed[product_id] in lowest:
                     lowest[placed[product_id]].offer((product_id,), path)
     return lowest
 
@@ -178,6 +179,8 @@ def job_records(read: ReadConfig, schema, validation: ValidationConfig,
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipelines import io
+
     config = SelectionConfig(args.count, args.min_per_category, args.seed)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} is not a new or empty folder")
@@ -189,25 +192,38 @@ def run(args: argparse.Namespace) -> int:
         check_schema(args.output, schema, found.attributes)
     placed = {product_id: record["category"] for product_id, record in
               job_records(read, schema, validation, dict.fromkeys(found.unplaced))[0].items()}
-    sizes = found.sizes + Counter(placed.values())
+    sizes = Counter(found.sizes)
+    sizes.update(placed.values())  # (a Counter's + would drop a category of no products)
     total = sum(found.sizes.values()) + len(found.unplaced)
+    if total == 0:
+        raise ValueError(f"{args.output} holds no products: nothing to pick")
     wanted = quotas(sizes, config.count, config.min_per_category, config.seed)
     limits = {category: min(n, wanted[category] * (1 + config.reserves)) for category, n in sizes.items()}
     lowest = sample(filesystem, attribute_paths(args.output)[1], limits, placed, seed_key(config.seed))  # 2
-    candidates = {product_id: None if product_id in placed else category
-                  for category, kept in lowest.items() for product_id in kept.ranked()}
+    kept_in: dict[str, list[str]] = {}  # product -> the categories that keep it (more than one: written under each)
+    for category, kept in lowest.items():
+        for product_id in kept.ranked():
+            kept_in.setdefault(product_id, []).append(category)
+    # the category the output wrote each under (None: any; its record's category decides where it counts)
+    candidates = {product_id: None if product_id in placed or len(cs) > 1 else cs[0] for product_id, cs in kept_in.items()}
     records, other_category = job_records(read, schema, validation, candidates)  # 3: their records, in input order
     looked_up = len(candidates) + len(found.unplaced) - len(placed)
     missing = looked_up - len(records)
     if not records:
         raise ValueError(f"no product of {args.output} is in its input {read.uri} as the job read it: "
                          "pass the job's own input (--input)")
-    # 4: per category, its quota of those in the input, first in the order; their values
-    picks = {category: [p for p in kept.ranked() if p in records][: wanted[category]] for category, kept in lowest.items()}
+    # 4: per category, its quota of those in the input under that category, first in the order; their values
+    picks = {category: [p for p in kept.ranked() if p in records and records[p]["category"] == category][: wanted[category]]
+             for category, kept in lowest.items()}
     picked = {product_id for ps in picks.values() for product_id in ps}
     chosen = [product_id for product_id in records if product_id in picked]  # input order
     holding = sorted({path for category, ps in picks.items() for p in ps for path in lowest[category].seen_in[p]})
     values = read_values(filesystem, holding, chosen)
+    if gone := [product_id for product_id in chosen if product_id not in values]:
+        raise ValueError(f"the values of {len(gone)} picked product(s) ({gone[0]}, ...) are no longer in {args.output}: "
+                         "was the job writing or resuming meanwhile? Pick again once it has finished")
+    split = sorted(p for category, kept in lowest.items() for p in kept.ranked() if len(kept.seen_in[p]) > 1)
+    twice = sorted(p for p, cs in kept_in.items() if len(cs) > 1)
 
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / RECORDS_FILE, "w", encoding="utf-8") as out:
@@ -223,6 +239,15 @@ def run(args: argparse.Namespace) -> int:
 
     per_category = Counter(categories.values())
     short = {c: (len(ps), wanted[c]) for c, ps in sorted(picks.items()) if len(ps) < wanted[c]}
+    if has_job and not io.exists(io.join(args.output, "_report.json")):
+        print(f"hpd pick: warning: {args.output} has no _report.json: its job has not finished, and the picks come "
+              "from what it has written so far", file=sys.stderr)
+    if split or twice:
+        example = (split or twice)[0]
+        print(f"hpd pick: warning: products of {args.output} have their rows in more than one file ({len(split)} of "
+              f"those looked up, e.g. {example!r}) or under more than one category ({len(twice)}): `hpd extract` "
+              "writes neither, so this is a hand-made output, and its counts per category, hence the shares, count "
+              "such products more than once", file=sys.stderr)
     if missing:
         sampled = "" if looked_up == total else f"; it looked up only those it may pick and their reserves, of {total}"
         print(f"hpd pick: warning: {missing} of the {looked_up} products of {args.output} are not in {read.uri} as the "
@@ -236,10 +261,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"  fewer than --count {config.count}: the output holds only {total - missing} products of its input: "
               "all of them", file=sys.stderr)
     elif short:
+        def why(category: str) -> str:
+            if limits[category] == sizes[category]:  # every product of the category was looked up
+                return "no more of its products are in the input"
+            return f"more of its products are not in the input than its reserves ({config.reserves} per product picked)"
+
         print(f"  {f'fewer than --count {config.count}: ' if len(chosen) < config.count else ''}short of their share: "
-              + ", ".join(f"{c} {got} of {share}" for c, (got, share) in short.items())
-              + f"; more of their products than the reserves ({config.reserves} per product picked) are not in the input",
-              file=sys.stderr)
+              + ", ".join(f"{c} {got} of {share} ({why(c)})" for c, (got, share) in short.items())
+              + "; a share follows the output's count of the category, and is not moved to another", file=sys.stderr)
     print(f"  correct {args.out / DRAFT_FILE} (the model's values; n/a: none) and save it as {args.out / 'gold.jsonl'}, "
           f"then: hpd finetune --train {args.out} --init-adapter default --dtype auto --out ADAPTER", file=sys.stderr)
     print(json.dumps({"picked": len(chosen), "of": total, "looked_up": looked_up, "not_in_input": missing,

@@ -378,8 +378,72 @@ def test_cli_takes_reserves_for_products_not_in_the_input_and_says_when_they_run
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["product_id"] not in gone))
     summary, picked, err = _pick(tmp_path, capsys, "--count", "20", out="label2")
     assert summary["per_category"] == {c: n for c, n in wanted.items() if c != "C"} and summary["picked"] == 20 - wanted["C"]
-    assert (f"fewer than --count 20: short of their share: C 0 of {wanted['C']}; more of their products than the "
-            "reserves (1 per product picked) are not in the input") in err
+    assert (f"fewer than --count 20: short of their share: C 0 of {wanted['C']} (more of its products are not in the "
+            "input than its reserves (1 per product picked)); a share follows the output's count") in err
+    # a category of 2, 1 of them in the input: every product of it was looked up
+    small = {**sizes, "C": 2}
+    (tmp_path / "small").mkdir()
+    records = _catalog(tmp_path / "small", small)
+    first = sorted((r["product_id"] for r in records if r["category"] == "C"), key=lambda p: rank(p, key))
+    (tmp_path / "small" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["product_id"] != first[0]))
+    summary, _, err = _pick(tmp_path / "small", capsys, "--count", "20")
+    assert summary["per_category"]["C"] == 1 and quotas(small, 20, 2, 0)["C"] == 2
+    assert "short of their share: C 1 of 2 (no more of its products are in the input)" in err
+
+
+def test_cli_picks_odd_outputs_by_the_rule_or_says_why_not(tmp_path, capsys):
+    """A category whose files hold no product (a crash before, KeyError); integer ids; a product
+    written under two categories counts only under its record's (it took the other's place); a
+    product whose rows lie in two files is said (counts per category are per file); an output
+    without _report.json is said to be unfinished; an output of no products is refused."""
+    sizes = {"A": 10, "B": 10}
+    records = _catalog(tmp_path, sizes)
+    (tmp_path / "run" / "_report.json").write_text("{}")
+    empty = tmp_path / "run" / "attributes" / "category=E"
+    empty.mkdir()
+    pq.write_table(pa.table({"product_id": pa.array([], pa.string()), "attribute": pa.array([], pa.string()),
+                             "value": pa.array([], pa.string())}), empty / "0.parquet")
+    summary, picked, err = _pick(tmp_path, capsys, "--count", "6", "--min-per-category", "1")
+    assert summary["per_category"] == quotas(sizes, 6, 1, 0) == {"A": 3, "B": 3} and "warning" not in err
+
+    key = seed_key(0)
+    a_first = min((r["product_id"] for r in records if r["category"] == "A"), key=lambda p: rank(p, key))
+    intruder = tmp_path / "run" / "attributes" / "category=B" / "intruder.parquet"  # A's first, also written under B
+    pq.write_table(pa.table({"product_id": [a_first], "attribute": ["Brand"], "value": ["x"]}), intruder)
+    summary, picked, err = _pick(tmp_path, capsys, "--count", "6", "--min-per-category", "1", out="label2")
+    by_category = {c: [r["product_id"] for r in picked if r["category"] == c] for c in sizes}
+    assert a_first in by_category["A"] and a_first not in by_category["B"] and len(picked) == len(set(r["product_id"] for r in picked))
+    assert summary["per_category"] == {"A": 3, "B": 3} and "under more than one category (1)" in err
+    intruder.unlink()
+    split = tmp_path / "run" / "attributes" / "category=A" / "split.parquet"  # another attribute of A's first, in a file of its own
+    pq.write_table(pa.table({"product_id": [a_first], "attribute": ["Size"], "value": ["10"]}), split)
+    _, _, err = _pick(tmp_path, capsys, "--count", "6", "--min-per-category", "1", out="label3")
+    assert f"have their rows in more than one file (1 of those looked up, e.g. '{a_first}')" in err
+    split.unlink()
+
+    (tmp_path / "run" / "_report.json").unlink()
+    _, _, err = _pick(tmp_path, capsys, "--count", "6", out="label4")
+    assert f"warning: {tmp_path / 'run'} has no _report.json: its job has not finished" in err
+
+    ints = tmp_path / "ints"
+    (ints / "run" / "attributes" / "category=A").mkdir(parents=True)
+    (ints / "records.jsonl").write_text("".join(json.dumps({"product_id": i, "category": "A", "title": f"t {i}"}) + "\n"
+                                                for i in range(8)))
+    (ints / "attributes.json").write_text(json.dumps({"A": ["Brand", "Color"]}))
+    pq.write_table(pa.table({"product_id": list(range(8)), "attribute": ["Brand"] * 8, "value": [f"b{i}" for i in range(8)]}),
+                   ints / "run" / "attributes" / "category=A" / "0.parquet")
+    _job_record(ints / "run", ints / "attributes.json", input=str(ints / "records.jsonl"))
+    summary, picked, _ = _pick(ints, capsys, "--count", "3")
+    assert summary["picked"] == 3
+    assert [str(r["product_id"]) for r in picked] == select([(str(i), "A") for i in range(8)], SelectionConfig(3))  # records as they were
+
+    for path in (tmp_path / "run" / "attributes").rglob("*.parquet"):
+        path.unlink()
+    pq.write_table(pa.table({"product_id": pa.array([], pa.string()), "attribute": pa.array([], pa.string()),
+                             "value": pa.array([], pa.string())}), empty / "0.parquet")
+    assert main(["pick", str(tmp_path / "run"), "--attributes", str(tmp_path / "attributes.json"), "--count", "3",
+                 "--out", str(tmp_path / "label5")]) == 2
+    assert "holds no products: nothing to pick" in capsys.readouterr().err
 
 
 def test_cli_places_products_of_no_category_by_their_input_record(tmp_path, capsys):
