@@ -229,16 +229,27 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     # touching a file changes it too, so this is a warning (none for jobs from before the digest);
     # the prepare stage refuses a chunk whose rows no longer read as the id index says
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
-    prompt_format_unknown = resumed and PROMPT_FORMAT in arguments and PROMPT_FORMAT not in (existing.get("arguments") or {})
+    prompt_format_unknown = resumed and PROMPT_FORMAT in arguments and recorded_prompt_format(existing) is None
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
                      tuple(plan.ignored), modified, prompt_format_unknown)
 
 
+def recorded_prompt_format(existing: dict) -> int | None:
+    """The prompt format of the job in ``existing`` (its ``_job.json``): as recorded since
+    2026-11-30; else 1 (the title first) for a job whose arguments lack ``input_modified``
+    (recorded since 2026-11-29 18:00, before the title went last at 23:24; jobs resumed under a
+    former run id are older still); None (not known) for one started in between."""
+    recorded = existing.get("arguments") or {}
+    if PROMPT_FORMAT in recorded:
+        return recorded[PROMPT_FORMAT]
+    return None if INPUT_MODIFIED in recorded else 1
+
+
 def check_prompt_format(existing: dict, arguments: dict, output: str) -> None:
     """A job is resumed only by a version that prompts as the one that started it (see
-    ``hpd_core.prompts.PROMPT_FORMAT``); jobs started before it was recorded are let through (the
+    ``hpd_core.prompts.PROMPT_FORMAT``); a job whose format is not known is let through (the
     caller warns)."""
-    before = (existing.get("arguments") or {}).get(PROMPT_FORMAT)
+    before = recorded_prompt_format(existing)
     now = arguments.get(PROMPT_FORMAT)
     if before is not None and now is not None and before != now:
         raise ValueError(f"the job in --output {output} was started by another version of hpd extract, which prompts "

@@ -118,12 +118,22 @@ def _host_and_pid(name: str) -> tuple[str, int | None]:
 
 
 def pid_namespace() -> str:
-    """This process's PID namespace (``pid:[4026531836]``), or "" where there is none to read: two
-    containers that share a host name (host networking) have pids that mean nothing to each other."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
+    """This process's PID namespace on this machine since its boot: the kernel's boot id and the
+    namespace (``<boot id> pid:[4026531836]``), or "" where there is neither to read. Two containers
+    that share a host name (host networking) have pids that mean nothing to each other, and so do
+    two machines that share one (cloned VMs, a fixed container host name), whose processes outside
+    containers are in namespaces of the same number (the first, on every Linux) but not of the same
+    boot id (drill of session 53)."""
+    parts = []
+    for read in (lambda: open(BOOT_ID, encoding="ascii").read().strip(), lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read())
+        except OSError:
+            pass
+    return " ".join(parts)
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # random at each boot of a Linux kernel; containers share their host's
 
 
 def _process_exists(pid: int) -> bool:

@@ -243,7 +243,13 @@ def test_a_resume_by_a_version_that_prompts_otherwise_is_refused(tmp_path, no_ra
     overwrite = parser.parse_args([*map(str, argv), "--overwrite"])
     assert checks.preflight(from_args(overwrite), overwrite).existing_run == config.output.run_id  # not refused
 
-    unrecorded = {k: v for k, v in plan.arguments.items() if k != checks.PROMPT_FORMAT}
+    older = {k: v for k, v in plan.arguments.items() if k not in (checks.PROMPT_FORMAT, checks.INPUT_MODIFIED)}
+    io.write_json(io.join(config.output.uri, "_job.json"),
+                  {**io.read_json(io.join(config.output.uri, "_job.json")), "arguments": older})
+    assert run_extract(argv) == 2  # begun before input_modified was recorded: before the title went last
+    assert f"prompt format 1; this version's: {prompts.PROMPT_FORMAT}" in capsys.readouterr().err
+
+    unrecorded = {k: v for k, v in plan.arguments.items() if k != checks.PROMPT_FORMAT}  # begun in between
     io.write_json(io.join(config.output.uri, "_job.json"),
                   {**io.read_json(io.join(config.output.uri, "_job.json")), "arguments": unrecorded})
     again = checks.preflight(config, args)

@@ -119,7 +119,7 @@ def test_attempt_records_round_trip(tmp_path):
     assert [a.name for a in loaded] == [first.name, second.name] and loaded[0].wall_seconds == 60.0
 
 
-def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(tmp_path):
+def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(tmp_path, monkeypatch):
     import os
     import socket
     import subprocess
@@ -129,6 +129,10 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
     mine = attempts.begin(output, "cpu", 0, 0.0425, started_at=now)
     here = lambda pid, ms=5: f"{int(now * 1000) - ms:015d}-{socket.gethostname()}-{pid}"  # noqa: E731
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "boot_id").write_text("0-other-boot\n")
+    with monkeypatch.context() as patch:  # what another machine of this host name writes (a cloned VM)
+        patch.setattr(attempts, "BOOT_ID", str(tmp_path / "boot_id"))
+        another_machine = attempts.pid_namespace()
     records = {
         "elsewhere": attempts.Attempt(f"{int(now * 1000) - 1:015d}-other-host-7", now - 1, now - 10, "gpu", 1, 3.77),
         "quiet": attempts.Attempt(f"{int(now * 1000) - 2:015d}-other-host-8", now - 99, now - 46, "gpu", 1, 3.77),
@@ -141,12 +145,15 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
                                                        pid_namespace="pid:[1]"),
         "dead here, this namespace": attempts.Attempt(here(int(gone.stdout), 7), now - 5, now - 1, "cpu", 2, 0.0425,
                                                       pid_namespace=attempts.pid_namespace()),
+        # another machine of the same host name (a cloned VM): the same namespace number, another boot
+        "dead here, another boot": attempts.Attempt(here(int(gone.stdout), 8), now - 5, now - 1, "cpu", 2, 0.0425,
+                                                    pid_namespace=another_machine),
     }
     for record in records.values():
         attempts.save(output, record)
     found = {a.name for a in attempts.running(output, mine, heartbeat_seconds=15)}
-    assert found == {records["elsewhere"].name, records["alive here"].name,
-                     records["dead here, other namespace"].name}  # never mine
+    assert found == {records["elsewhere"].name, records["alive here"].name, records["dead here, other namespace"].name,
+                     records["dead here, another boot"].name}  # never mine
     assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found  # mine: this process's pid
     with pytest.raises(ValueError, match=r"another `hpd extract` is working on .*out \(attempt .*: host other-host, "
                        r"pid 7, last seen 10 s ago\): two at once would write the same chunks"):
@@ -156,6 +163,7 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
     attempts.remove(output, records["elsewhere"])
     attempts.remove(output, records["alive here"])
     attempts.remove(output, records["dead here, other namespace"])
+    attempts.remove(output, records["dead here, another boot"])
     attempts.refuse_if_running(output, mine, heartbeat_seconds=15)  # nothing else running
 
 
