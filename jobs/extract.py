@@ -14,6 +14,7 @@ import importlib.util
 import os
 import re
 import sys
+import time
 
 from hpd_core.config import COMPILE_LAYERS, DEFAULT_MODEL, SKELETONS, SPANS, STEP_SHAPES, DecodeConfig, ModelConfig
 from jobs import CommandFailed, stop_cleanly_on_sigterm
@@ -180,6 +181,7 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
     from pipelines.build import run_job
 
     quiet.quiet_ray_data(args.verbose)
+    started = time.time()  # the attempt's time (and cost) counts Ray's start: 8-12 s on a 2-core machine
     if not ray.is_initialized():
         os.environ.setdefault(TASK_EVENTS_ENV, TASK_EVENTS_KEPT)  # read by a GCS that ray.init starts here
         try:
@@ -199,6 +201,7 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
                 skip_existing=config.skip_existing,
                 arguments=arguments,
                 overwrite=overwrite,
+                started=started,
             )
     except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
         raise CommandFailed(f"{failure_line(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err

@@ -426,14 +426,17 @@ def run_job(
     progress: ProgressConfig = ProgressConfig(),
     stream: TextIO | None = None,
     overwrite: bool = False,
+    started: float | None = None,
 ) -> dict:
     """Run (or resume) the whole job on the connected Ray cluster; return the report.
 
     A job that is already complete is not run again: its report is returned as it is. A run that
     fails (or is interrupted) before any chunk of the job was committed leaves nothing behind, so
     a corrected command starts afresh. Progress goes to ``stream`` (default stderr). ``overwrite``:
-    first delete whatever the output holds (--overwrite), under this attempt's lease."""
-    started = time.time()
+    first delete whatever the output holds (--overwrite), under this attempt's lease. ``started``:
+    when the attempt began (before its driver started or joined Ray, which the attempt's time and
+    cost include), now if not given."""
+    started = time.time() if started is None else started
     allow_slow_chunks()
     one_block_per_chunk()
     resumed = False if overwrite else commit.claim_output(output.uri, output.run_id, arguments)
