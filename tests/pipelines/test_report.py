@@ -230,8 +230,10 @@ def test_two_attempts_started_together_both_give_way(tmp_path):
     runs = [subprocess.Popen([sys.executable, "-c", script, output, at], cwd=repo, stdout=subprocess.PIPE, text=True)
             for _ in range(2)]
     said = sorted(run.communicate(timeout=120)[0].strip() for run in runs)
-    assert said == ["gave way", "gave way"], said
-    assert commit.scan(output).manifests == () and attempts.load_all(output) == []
+    # together, both give way; on a loaded machine one may look before the other has written its
+    # record, and then it runs and the other gives way; never both (as without the refresh)
+    assert said in (["gave way", "gave way"], ["gave way", "ran"]), said
+    assert commit.scan(output).manifests == () and all(a.ended for a in attempts.load_all(output))
 
 
 def test_a_heartbeat_marks_its_attempt_ended_and_sizes_it(tmp_path):
