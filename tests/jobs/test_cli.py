@@ -21,8 +21,12 @@ LAYERS = {
     "bench": {"bench", "datafiles", "pipelines", "hpd_core"},
     "training": {"training", "datafiles", "pipelines", "hpd_core"},
     "datafiles": {"datafiles", "pipelines", "hpd_core"},
+    "pipelines": {"pipelines", "hpd_core"},
+    "hpd_core": {"hpd_core"},
 }
 PROJECT = set().union(*LAYERS.values())
+# the engine runs without Ray and without S3 (DESIGN.md): none of their libraries in hpd_core
+NOT_IN_THE_ENGINE = {"ray", "boto3", "botocore", "s3fs", "fsspec"}
 
 
 def test_every_subcommand_is_registered():
@@ -72,13 +76,18 @@ def test_a_subcommand_that_fails_to_import_fails_the_cli(monkeypatch):
 
 def _project_imports(path: Path) -> set[str]:
     """Top-level project packages that ``path`` imports (at module level or inside functions)."""
+    return _imports(path) & PROJECT
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level packages that ``path`` imports (at module level or inside functions)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-    return names & PROJECT
+    return names
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
@@ -87,6 +96,12 @@ def test_dependencies_point_one_way(package):
     assert files, f"no modules in {package}/"
     wrong = {str(f.relative_to(ROOT)): sorted(_project_imports(f) - LAYERS[package]) for f in files}
     assert {f: names for f, names in wrong.items() if names} == {}
+
+
+def test_the_engine_imports_neither_ray_nor_s3():
+    files = sorted((ROOT / "hpd_core").glob("*.py"))
+    assert {str(f.relative_to(ROOT)): sorted(_imports(f) & NOT_IN_THE_ENGINE) for f in files
+            if _imports(f) & NOT_IN_THE_ENGINE} == {}
 
 
 @pytest.mark.parametrize("stop, code, said", [
