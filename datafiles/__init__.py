@@ -9,7 +9,8 @@ Public surface:
   format the extraction job reads), ``read_gold`` (``GoldExample`` rows, ``target_scores`` checked
   by ``validate_target_scores``).
 - ``datafiles.predictions``: the output of ``hpd extract`` (``URI/attributes/`` Parquet):
-  ``read_predictions``, and ``attribute_files`` / ``read_columns`` for its files one by one;
+  ``read_predictions`` (with ``only=``, the values of some products of an output of any size), and
+  ``attribute_files`` / ``read_columns`` for its files one by one;
   ``attribute_paths``, ``rows_by_category`` and ``read_values`` for an output of any size.
 
 Depends on pipelines (the schema formats) only; no torch, no Ray.

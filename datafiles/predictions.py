@@ -5,9 +5,11 @@ Each file is read on its own (``partitioning=None``); its category is the URL-un
 ``category=`` directory, or the file's own ``category`` column where it has one (outputs written
 before 2026-11-24, and hand-made prediction files).
 
-``read_predictions`` folds the whole output into memory. For an output of any size,
-``attribute_paths`` lists its files one ``category=`` folder at a time, ``rows_by_category`` reads
-some columns of one file, and ``read_values`` the values of a few products (what `hpd pick` does).
+``read_predictions`` folds the whole output into memory (the slow reference); ``read_predictions(uri,
+only=ids)`` keeps the values of ``ids`` alone, still counting rows and products of the whole output
+(what `hpd evaluate` does, a file at a time). For an output of any size, ``attribute_paths`` lists
+its files one ``category=`` folder at a time, ``rows_by_category`` reads some columns of one file,
+and ``read_values`` the values of a few products (what `hpd pick` does).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ HIDDEN_PREFIXES = (".", "_")  # names pyarrow.dataset's discovery passes over (a
 
 @dataclass(frozen=True)
 class Predictions:
-    """Prediction rows folded to product_id -> attribute -> value, plus what was seen on the way."""
+    """Prediction rows folded to product_id -> attribute -> value, plus what was seen on the way.
+    ``values``, ``categories`` and ``confidence`` hold every product, or those asked for
+    (``read_predictions(uri, only=...)``); the other fields count the whole output either way."""
 
     values: dict[str, dict[str, object]]
     categories: dict[str, str | None]  # product_id -> predicted category
@@ -35,6 +39,10 @@ class Predictions:
     truncated: int = 0
     # product_id -> attribute -> the value's probability (outputs of `hpd extract --confidence`)
     confidence: dict[str, dict[str, float]] = field(default_factory=dict)
+    products: int = 0  # distinct product ids of the whole output
+    least_id: object = None  # the smallest of them (for messages); None: no rows
+    # category -> the attribute names of its products' values, over the whole output
+    attributes: dict[str | None, frozenset] = field(default_factory=dict)
 
 
 def attribute_files(uri: str, what: str = "predictions") -> list:
@@ -70,8 +78,11 @@ def _partition_category(path: str) -> str | None:
     return values[-1] if values else None
 
 
-def read_predictions(uri: str) -> Predictions:
-    """Read every Parquet file under ``URI/attributes/`` (see module doc for the category rule)."""
+def read_predictions(uri: str, only: Collection[str] | None = None) -> Predictions:
+    """Read every Parquet file under ``URI/attributes/`` (see module doc for the category rule);
+    with ``only``, keep the values of those product ids alone (``_read_some``)."""
+    if only is not None:
+        return _read_some(uri, only)
     fragments = attribute_files(uri)
     values: dict[str, dict[str, object]] = {}
     categories: dict[str, str | None] = {}
@@ -92,7 +103,87 @@ def read_predictions(uri: str) -> Predictions:
                 confidence.setdefault(product_id, {})[attribute] = sure
         truncated += sum(1 for flag in table.get("truncated", ()) if flag)
         rows += n_rows
-    return Predictions(values, categories, rows, len(fragments), truncated, confidence)
+    names: dict[str | None, set] = {}
+    for product_id, per_product in values.items():
+        names.setdefault(categories[product_id], set()).update(per_product)
+    return Predictions(values, categories, rows, len(fragments), truncated, confidence, len(values),
+                       min((p for p in values if p is not None), default=None), {c: frozenset(n) for c, n in names.items()})
+
+
+def _read_some(uri: str, only: Collection[str]) -> Predictions:
+    """``read_predictions`` keeping the values, categories and confidences of the products ``only``,
+    holding one file's columns at a time: of every file the product_id, attribute, category and
+    truncated columns (rows, products, attribute names per category, duplicates), and the value and
+    confidence columns only of the files that hold a product of ``only``.
+
+    Products are counted file by file (distinct ids in each), the category of an attribute name
+    is its row's: exact for `hpd extract` outputs, which write all of a product's rows to one file
+    (pipelines/commit.py: a file per chunk of input rows and category; a product id seen again is
+    rejected as a duplicate, pipelines/dedup.py). Of a hand-made output that splits a product over
+    files it is counted once per file (and its names go to each row's category, not its first row's),
+    and a product given an attribute twice is refused within a file, or across files where it is one
+    of ``only``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    filesystem, paths = attribute_paths(uri)
+    values: dict[str, dict[str, object]] = {}
+    categories: dict[str, str | None] = {}
+    confidence: dict[str, dict[str, float]] = {}
+    names: dict[str | None, set] = {}
+    rows = truncated = products = files = 0
+    least = None
+    for path in paths:
+        files += 1
+        file = _open(filesystem, path)
+        present = file.schema_arrow.names
+        table = file.read(columns=[c for c in ("product_id", "attribute", PARTITION_KEY, "truncated") if c in present])
+        ids = table["product_id"]
+        rows += table.num_rows
+        products += pc.count_distinct(ids, mode="all").as_py()
+        if (low := pc.min(ids).as_py()) is not None:
+            least = low if least is None else min(least, low)
+        if "truncated" in present:
+            flags = table["truncated"]
+            truncated += (pc.sum(flags).as_py() or 0) if pa.types.is_boolean(flags.type) else \
+                sum(1 for flag in flags.to_pylist() if flag)
+        if PARTITION_KEY in present:
+            pairs = table.group_by([PARTITION_KEY, "attribute"]).aggregate([]).to_pydict()
+            for category, attribute in zip(pairs[PARTITION_KEY], pairs["attribute"]):
+                names.setdefault(category, set()).add(attribute)
+        elif table.num_rows:
+            names.setdefault(_partition_category(path), set()).update(pc.unique(table["attribute"]).to_pylist())
+        if table.group_by(["product_id", "attribute"]).aggregate([]).num_rows < table.num_rows:
+            _refuse_duplicate(path, table, values)
+        if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+            continue  # ids that are not strings are none of ``only`` (read_predictions keeps them as they are)
+        held = pc.is_in(ids, value_set=pa.array(sorted(only), type=ids.type))
+        if not pc.any(held).as_py():
+            continue
+        kept = [c for c in (*REQUIRED_COLUMNS, PARTITION_KEY, "confidence") if c in present]
+        wanted = file.read(columns=kept).filter(held).to_pydict()
+        file_categories = wanted.get(PARTITION_KEY, [_partition_category(path)] * len(wanted["product_id"]))
+        for i, (product_id, attribute, value) in enumerate(zip(wanted["product_id"], wanted["attribute"], wanted["value"])):
+            per_product = values.setdefault(product_id, {})
+            if attribute in per_product:
+                raise ValueError(f"{path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
+            per_product[attribute] = value
+            categories.setdefault(product_id, file_categories[i])
+            sure = wanted["confidence"][i] if "confidence" in wanted else None
+            if sure is not None:
+                confidence.setdefault(product_id, {})[attribute] = sure
+    return Predictions(values, categories, rows, files, truncated, confidence, products, least,
+                       {c: frozenset(n) for c, n in names.items()})
+
+
+def _refuse_duplicate(path: str, table, earlier: dict[str, dict[str, object]]) -> None:
+    """``read_predictions``' error at the first row of ``table`` (one file's product_id and attribute)
+    that repeats a (product, attribute) of the file, or of ``earlier`` (from the files before)."""
+    seen = set()
+    for product_id, attribute in zip(table["product_id"].to_pylist(), table["attribute"].to_pylist()):
+        if (product_id, attribute) in seen or attribute in earlier.get(product_id, ()):
+            raise ValueError(f"{path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
+        seen.add((product_id, attribute))
 
 
 def attribute_paths(uri: str, what: str = "predictions"):

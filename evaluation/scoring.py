@@ -47,11 +47,13 @@ def evaluate(
 ) -> EvaluationResult:
     """Join by product_id and compute both metrics; missing products predict null."""
     gold_ids = {ex.product_id for ex in gold}
+    predicted = sum(1 for pid in predictions.values if pid in gold_ids)
     products = {
         "gold": len(gold),
-        "predicted": sum(1 for pid in predictions.values if pid in gold_ids),
+        "predicted": predicted,
         "missing": sum(1 for ex in gold if ex.product_id not in predictions.values),
-        "extra": sum(1 for pid in predictions.values if pid not in gold_ids),
+        # of the whole output: ``values`` may hold only the gold's products (read_predictions(only=...))
+        "extra": predictions.products - predicted,
         "category_mismatch": sum(
             1 for ex in gold if predictions.categories.get(ex.product_id, ex.category) not in (None, ex.category)
         ),

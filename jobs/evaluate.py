@@ -6,7 +6,9 @@ Two modes:
   ``URI/attributes/`` (the extraction job's Parquet, see ``datafiles.predictions``), local or
   ``s3://bucket/prefix``, joins it to the gold of ``hpd convert`` by product_id (see
   ``evaluation.scoring``), prints one JSON summary as the last stdout line and writes
-  ``URI/_evaluation.json`` and ``URI/_evaluation.md`` (see ``evaluation.report``).
+  ``URI/_evaluation.json`` and ``URI/_evaluation.md`` (see ``evaluation.report``). Of the output it
+  holds the values of the gold's products (and of the records', for the leakage figure) alone,
+  reading it a file at a time (``read_predictions(uri, only=...)``): an output of any size.
 - ``hpd evaluate --extractgpt-run RUN.gz`` recomputes a stored ExtractGPT run and checks it
   against the run's stored ``results``; exit status 1 when they differ.
 
@@ -26,9 +28,10 @@ from pathlib import Path
 from datafiles.dataset import RECORDS_FILE, read_attributes, read_gold, read_records, unknown_attributes
 from datafiles.storage import exists, read_text
 from evaluation import compare, leakage
-from datafiles.predictions import read_predictions
+from datafiles.predictions import Predictions, read_predictions
 from evaluation.report import write_reports
 from evaluation.scoring import evaluate, evaluate_extractgpt_run
+from pipelines.schema import id_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,15 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws for --compare (default: 2000)")
 
 
-def check_ids_match(predicted: dict, gold: list, predictions_uri: str, gold_uri: str) -> None:
+def check_ids_match(predicted: Predictions, gold: list, predictions_uri: str, gold_uri: str) -> None:
     """Scoring predictions that share no product id with the gold would print 0.00 for a mistake
-    (e.g. records and gold from different conversions): refuse, showing an id of each."""
+    (e.g. records and gold from different conversions): refuse, showing an id of each. ``predicted``
+    holds the values of every gold product it has (``read_predictions(uri, only=...)``)."""
     gold_ids = sorted(example.product_id for example in gold)
-    if predicted and not any(product_id in predicted for product_id in gold_ids):
+    if predicted.products and not any(product_id in predicted.values for product_id in gold_ids):
         raise ValueError(
-            f"none of the {len(predicted)} product ids in {predictions_uri} is among the {len(gold_ids)} gold ids in "
-            f"{gold_uri} (e.g. {min(predicted)!r} vs {gold_ids[0]!r}): score the output of a job whose input came from "
-            "the same `hpd convert` run as this gold"
+            f"none of the {predicted.products} product ids in {predictions_uri} is among the {len(gold_ids)} gold ids in "
+            f"{gold_uri} (e.g. {predicted.least_id!r} vs {gold_ids[0]!r}): score the output of a job whose input came "
+            "from the same `hpd convert` run as this gold"
         )
 
 
@@ -70,10 +74,8 @@ def warn_unknown_attributes(gold: list, attributes: dict | None, predictions, ar
     name that differs only in case) rather than refusing."""
     if attributes is not None:
         known, source = attributes, f"the schema {args.attributes}"
-    else:
-        known, source = {}, f"the predictions in {args.predictions}"
-        for product_id, values in predictions.values.items():
-            known.setdefault(predictions.categories.get(product_id), set()).update(values)
+    else:  # the names of the whole output's values per category, not only the gold products'
+        known, source = predictions.attributes, f"the predictions in {args.predictions}"
     found = [(ex, names) for ex in gold if ex.category in known and (names := unknown_attributes(ex, known[ex.category]))]
     if not found:
         return
@@ -96,8 +98,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("pass --predictions URI and --gold FILE (or --extractgpt-run FILE.gz)")
     gold = read_gold(args.gold)
     attributes = read_attributes(args.attributes) if args.attributes else None
-    predictions = read_predictions(args.predictions)
-    check_ids_match(predictions.values, gold, args.predictions, args.gold)
+    records = _leakage_records(args)  # (records, J), or None: no leakage figure
+    # the values of the gold products, and of the records' for the leakage figure, are all that is held
+    # of the predictions (an output of any size: the README's "Your own catalog")
+    wanted = {example.product_id for example in gold}
+    if records is not None:
+        wanted |= {id_of(record["product_id"]) for record in records[0]}
+    predictions = read_predictions(args.predictions, only=wanted)
+    check_ids_match(predictions, gold, args.predictions, args.gold)
     unpredicted = sum(1 for example in gold if example.product_id not in predictions.values)
     if args.predicted_only:
         gold = [example for example in gold if example.product_id in predictions.values]
@@ -114,9 +122,8 @@ def run(args: argparse.Namespace) -> int:
               "in the gold); they are scored against the gold's attributes: were records and gold converted together?",
               file=sys.stderr)
     extra = {"predictions": args.predictions, "gold": args.gold, "attributes": args.attributes}
-    leak = _leakage(args, predictions)
-    if leak is not None:
-        extra["leakage"] = leak
+    if records is not None:
+        extra["leakage"] = leakage.measure(predictions.values, *records).to_dict()
     if args.compare:
         extra["compare"] = _compare(args, gold, predictions)
     summary = {**extra, **result.summary()}
@@ -127,16 +134,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, gold: list, predictions) -> dict:
-    other = read_predictions(args.compare)
-    check_ids_match(other.values, gold, args.compare, args.gold)
+    other = read_predictions(args.compare, only={example.product_id for example in gold})
+    check_ids_match(other, gold, args.compare, args.gold)
     result = compare.compare(compare.product_counts(gold, predictions.values), compare.product_counts(gold, other.values),
                              draws=args.draws)
     return {"against": args.compare, **{k: round(v, 4) if isinstance(v, float) else v
                                         for k, v in dataclasses.asdict(result).items()}}
 
 
-def _leakage(args: argparse.Namespace, predictions) -> dict | None:
-    """The leakage figure (evaluation.leakage), when the records and J are known."""
+def _leakage_records(args: argparse.Namespace) -> tuple[list, int] | None:
+    """The records and J for the leakage figure (evaluation.leakage), when both are known."""
     records_path = Path(args.records) if args.records else Path(args.gold).with_name(RECORDS_FILE)
     if not records_path.is_file():
         if args.records:
@@ -148,4 +155,4 @@ def _leakage(args: argparse.Namespace, predictions) -> dict | None:
         docs = json.loads(read_text(report)).get("docs_per_prompt")
     if docs is None:
         return None
-    return leakage.measure(predictions.values, read_records(records_path), docs).to_dict()
+    return read_records(records_path), docs
