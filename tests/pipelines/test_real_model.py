@@ -49,3 +49,23 @@ def test_compile_layers_auto_leaves_a_small_job_eager(ray_cluster, tmp_path):
         assert run_extract(argv) == 0
         compiled[setting] = report(str(out))["compiled"]
     assert compiled == {"auto": "off", "on": "on"}
+
+
+@pytest.mark.slow
+def test_a_finished_job_of_another_prompt_format_is_reported_not_refused(ray_cluster, tmp_path, capsys):
+    """A resume by a version that prompts otherwise is refused (tests/jobs/test_extract_cli.py);
+    running a job that is finished only reports it, whichever version finished it."""
+    from jobs import checks
+    from pipelines import io
+
+    out = tmp_path / "out"
+    argv = extract_args(SAMPLE, out, "--limit", 2, "--max-value-tokens", 4)
+    argv[argv.index("--decoder") + 1] = "hpd"
+    assert run_extract(argv) == 0
+    job = io.read_json(io.join(str(out), "_job.json"))
+    assert job["arguments"][checks.PROMPT_FORMAT] >= 2
+    job["arguments"][checks.PROMPT_FORMAT] = 1  # finished by the version before
+    io.write_json(io.join(str(out), "_job.json"), job)
+    capsys.readouterr()
+    assert run_extract(argv) == 0
+    assert "is already complete" in capsys.readouterr().err
