@@ -92,15 +92,7 @@ def read_predictions(uri: str, only: Collection[str] | None = None) -> Predictio
         table = read_columns(fragment, optional=("category", "truncated", "confidence"))
         n_rows = len(table["product_id"])
         file_categories = table.get("category", [_partition_category(fragment.path)] * n_rows)
-        for i, (product_id, attribute, value) in enumerate(zip(table["product_id"], table["attribute"], table["value"])):
-            per_product = values.setdefault(product_id, {})
-            if attribute in per_product:
-                raise ValueError(f"{fragment.path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
-            per_product[attribute] = value
-            categories.setdefault(product_id, file_categories[i])
-            sure = table["confidence"][i] if "confidence" in table else None
-            if sure is not None:
-                confidence.setdefault(product_id, {})[attribute] = sure
+        _fold(fragment.path, table, file_categories, values, categories, confidence)
         truncated += sum(1 for flag in table.get("truncated", ()) if flag)
         rows += n_rows
     names: dict[str | None, set] = {}
@@ -108,6 +100,22 @@ def read_predictions(uri: str, only: Collection[str] | None = None) -> Predictio
         names.setdefault(categories[product_id], set()).update(per_product)
     return Predictions(values, categories, rows, len(fragments), truncated, confidence, len(values),
                        min((p for p in values if p is not None), default=None), {c: frozenset(n) for c, n in names.items()})
+
+
+def _fold(path: str, table: dict[str, list], file_categories: list, values: dict, categories: dict,
+          confidence: dict) -> None:
+    """Add one file's rows (``table``: columns as lists) to product_id -> attribute -> value, the
+    products' categories (their first row's) and confidences; a product given an attribute twice is
+    refused."""
+    for i, (product_id, attribute, value) in enumerate(zip(table["product_id"], table["attribute"], table["value"])):
+        per_product = values.setdefault(product_id, {})
+        if attribute in per_product:
+            raise ValueError(f"{path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
+        per_product[attribute] = value
+        categories.setdefault(product_id, file_categories[i])
+        sure = table["confidence"][i] if "confidence" in table else None
+        if sure is not None:
+            confidence.setdefault(product_id, {})[attribute] = sure
 
 
 def _read_some(uri: str, only: Collection[str]) -> Predictions:
@@ -163,15 +171,7 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
         kept = [c for c in (*REQUIRED_COLUMNS, PARTITION_KEY, "confidence") if c in present]
         wanted = file.read(columns=kept).filter(held).to_pydict()
         file_categories = wanted.get(PARTITION_KEY, [_partition_category(path)] * len(wanted["product_id"]))
-        for i, (product_id, attribute, value) in enumerate(zip(wanted["product_id"], wanted["attribute"], wanted["value"])):
-            per_product = values.setdefault(product_id, {})
-            if attribute in per_product:
-                raise ValueError(f"{path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
-            per_product[attribute] = value
-            categories.setdefault(product_id, file_categories[i])
-            sure = wanted["confidence"][i] if "confidence" in wanted else None
-            if sure is not None:
-                confidence.setdefault(product_id, {})[attribute] = sure
+        _fold(path, wanted, file_categories, values, categories, confidence)
     return Predictions(values, categories, rows, files, truncated, confidence, products, least,
                        {c: frozenset(n) for c, n in names.items()})
 
