@@ -125,12 +125,17 @@ def pid_namespace() -> str:
     containers are in namespaces of the same number (the first, on every Linux) but not of the same
     boot id (drill of session 53)."""
     parts = []
-    for read in (lambda: open(BOOT_ID, encoding="ascii").read().strip(), lambda: os.readlink("/proc/self/ns/pid")):
+    for read in (_boot_id, lambda: os.readlink("/proc/self/ns/pid")):
         try:
             parts.append(read())
         except OSError:
             pass
     return " ".join(parts)
+
+
+def _boot_id() -> str:
+    with open(BOOT_ID, encoding="ascii") as file:
+        return file.read().strip()
 
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"  # random at each boot of a Linux kernel; containers share their host's
