@@ -99,7 +99,27 @@ def read_predictions(uri: str, only: Collection[str] | None = None) -> Predictio
     for product_id, per_product in values.items():
         names.setdefault(categories[product_id], set()).update(per_product)
     return Predictions(values, categories, rows, len(fragments), truncated, confidence, len(values),
-                       min((p for p in values if p is not None), default=None), {c: frozenset(n) for c, n in names.items()})
+                       min((p for p in values if p is not None), default=None, key=_id_order),
+                       {c: frozenset(n) for c, n in names.items()})
+
+
+def _id_order(product_id: object) -> tuple[str, object]:
+    """The order of ids for the least one: ids of one type by value, types by name (a hand-made
+    output may mix string and integer ids in its files)."""
+    return type(product_id).__name__, product_id
+
+
+def _plain_ids(ids):
+    """A product_id column as plain strings where it holds text in another type (dictionary-encoded,
+    as pandas writes a categorical column; large or view strings; all null), which some of Arrow's
+    functions do not take; numbers stay numbers (``read_predictions`` keeps them as they are)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(ids.type):
+        ids = ids.cast(ids.type.value_type)
+    if pa.types.is_null(ids.type) or pa.types.is_large_string(ids.type) or pa.types.is_string_view(ids.type):
+        ids = ids.cast(pa.string())
+    return ids
 
 
 def _fold(path: str, table: dict[str, list], file_categories: list, values: dict, categories: dict,
@@ -146,11 +166,12 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
         file = _open(filesystem, path)
         present = file.schema_arrow.names
         table = file.read(columns=[c for c in ("product_id", "attribute", PARTITION_KEY, "truncated") if c in present])
-        ids = table["product_id"]
+        ids = _plain_ids(table["product_id"])
+        table = table.set_column(table.schema.get_field_index("product_id"), "product_id", ids)
         rows += table.num_rows
         products += pc.count_distinct(ids, mode="all").as_py()
         if (low := pc.min(ids).as_py()) is not None:
-            least = low if least is None else min(least, low)
+            least = low if least is None else min(least, low, key=_id_order)
         if "truncated" in present:
             flags = table["truncated"]
             truncated += (pc.sum(flags).as_py() or 0) if pa.types.is_boolean(flags.type) else \
@@ -165,11 +186,11 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
             _refuse_duplicate(path, table, values)
         if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
             continue  # ids that are not strings are none of ``only`` (read_predictions keeps them as they are)
-        held = pc.is_in(ids, value_set=pa.array(sorted(only), type=ids.type))
+        held = pc.is_in(ids, value_set=pa.array(sorted(p for p in only if isinstance(p, str)), type=ids.type))
         if not pc.any(held).as_py():
             continue
         kept = [c for c in (*REQUIRED_COLUMNS, PARTITION_KEY, "confidence") if c in present]
-        wanted = file.read(columns=kept).filter(held).to_pydict()
+        wanted = file.read(columns=kept).set_column(0, "product_id", ids).filter(held).to_pydict()  # kept[0]: product_id
         file_categories = wanted.get(PARTITION_KEY, [_partition_category(path)] * len(wanted["product_id"]))
         _fold(path, wanted, file_categories, values, categories, confidence)
     return Predictions(values, categories, rows, files, truncated, confidence, products, least,
@@ -204,7 +225,9 @@ def attribute_paths(uri: str, what: str = "predictions"):
 
     def paths() -> Iterator[str]:
         found = False
-        for entry in sorted(entries, key=lambda e: e.path):
+        # in the order of the files' full paths, as pyarrow.dataset lists them: a folder's files
+        # come where "folder/" sorts ("category=a-b/" before "category=a/")
+        for entry in sorted(entries, key=lambda e: e.path + ("/" if e.type == fs.FileType.Directory else "")):
             if not visible(entry.path):
                 continue
             inside = [entry] if entry.type == fs.FileType.File else \

@@ -113,6 +113,35 @@ def test_reading_some_products_agrees_with_the_whole_fold(tmp_path: Path):
             assert _fields(read_predictions(str(uri), only=only)) == _restricted(whole, only), (uri, only)
 
 
+def test_reading_some_products_takes_ids_of_any_text_type_and_of_mixed_types(tmp_path: Path):
+    """Ids written dictionary-encoded (pandas' categorical column), as view strings, or an all-null
+    empty file crashed the read of some products (Arrow's count_distinct takes none of them), and
+    string and integer ids in one output crashed both reads (the least id); a product split over
+    "category=a/" and "category=a-b/" (hand-made) takes the category of the file first in full-path
+    order in both (helper-41's review)."""
+    base = tmp_path / "o" / "attributes"
+    for name, ids in (("dict", pa.array(["d1", "d2", "d1"]).dictionary_encode()),
+                      ("view", pa.array(["v1", "v2", "v2"], pa.string_view())),
+                      ("ints", pa.array([7, 8, 9], pa.int64()))):
+        (base / f"category={name}").mkdir(parents=True)
+        pq.write_table(pa.table({"product_id": ids, "attribute": ["A", "A", "B"], "value": ["x", "y", "z"]}),
+                       base / f"category={name}" / "0.parquet")
+    (base / "category=empty").mkdir()
+    pq.write_table(pa.table({"product_id": pa.nulls(0), "attribute": pa.array([], pa.string()),
+                             "value": pa.array([], pa.string())}), base / "category=empty" / "0.parquet")
+    whole = read_predictions(str(tmp_path / "o"))
+    assert whole.least_id == 7  # "int" sorts before "str"
+    for only in ({"d1", "v2"}, {"d2"}, set(), {p for p in whole.values if isinstance(p, str)}):  # gold ids are text
+        assert _fields(read_predictions(str(tmp_path / "o"), only=only)) == _restricted(whole, only), only
+    split = tmp_path / "split" / "attributes"
+    for category in ("a", "a-b"):  # "s" split over two folders: its category is "a-b"'s, first in full-path order
+        (split / f"category={category}").mkdir(parents=True)
+        pq.write_table(pa.table({"product_id": ["s"], "attribute": [f"from {category}"], "value": ["v"]}),
+                       split / f"category={category}" / "0.parquet")
+    assert read_predictions(str(tmp_path / "split")).categories == {"s": "a-b"}
+    assert read_predictions(str(tmp_path / "split"), only={"s"}).categories == {"s": "a-b"}
+
+
 def test_reading_some_products_refuses_a_duplicate(tmp_path: Path):
     """A product given an attribute twice: refused in one file whichever the product, and across
     files for the products asked for (the message of the whole fold, naming the file)."""
