@@ -291,9 +291,5 @@ def read_values(filesystem, paths: Iterable[str], product_ids: Collection[str]) 
     for path in paths:
         table = _ids_as_text(_open(filesystem, path).read(columns=list(REQUIRED_COLUMNS)))
         table = table.filter(pc.is_in(table["product_id"], value_set=wanted)).to_pydict()
-        for product_id, attribute, value in zip(table["product_id"], table["attribute"], table["value"]):
-            per_product = values.setdefault(product_id, {})
-            if attribute in per_product:
-                raise ValueError(f"{path}: duplicate prediction for product {product_id!r}, attribute {attribute!r}")
-            per_product[attribute] = value
+        _fold(path, table, [None] * len(table["product_id"]), values, {}, {})  # the values alone
     return values
