@@ -407,8 +407,9 @@ class ExtractStage:
                 by_stage[stage] += 1
         skipped = [position for position, row in enumerate(rows) if row["status"] == SKIPPED]
         stats.update(rejected=len(rejected), skipped=len(skipped))
-        summary = dict(stats, decode_seconds=decode_seconds, rejected_by_stage=dict(by_stage), actor=self.actor,
-                       dtype=self.dtype, spans=self.spans, compiled=self.compiled())
+        summary = dict(stats, decode_seconds=decode_seconds, decode_devices=self.threads or 1,  # a GPU actor: one GPU
+                       rejected_by_stage=dict(by_stage), actor=self.actor, dtype=self.dtype, spans=self.spans,
+                       compiled=self.compiled())
         return {
             "chunk": chunk["chunk"],
             "shard": chunk["shard"],

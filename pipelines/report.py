@@ -76,12 +76,17 @@ class Stats:
     dtypes: set = field(default_factory=set)  # what the models ran in (--dtype auto resolved per actor)
     spans: set = field(default_factory=set)  # whether they decoded spans (--spans auto resolved per actor)
     compiled: set = field(default_factory=set)  # whether their layers ran compiled (--compile-layers resolved per actor)
+    # decode_seconds times the devices of the actor that decoded (its torch threads' vCPUs on a CPU,
+    # its GPU): the busy share of device_seconds. Chunks committed before 2026-11-30 carry no device
+    # count and count one each (a CPU actor of several threads was then under-counted)
+    busy_device_seconds: float = 0.0
 
     def add(self, chunk: dict) -> None:
         for name in COUNTERS:
             self.counts[name] += int(chunk.get(name, 0))
         self.rejected_by_stage.update(chunk.get("rejected_by_stage", {}))
         self.decode_seconds += float(chunk.get("decode_seconds", 0.0))
+        self.busy_device_seconds += float(chunk.get("decode_seconds", 0.0)) * float(chunk.get("decode_devices", 1))
         self.chunks += 1
         if chunk.get("actor"):
             self.actors.add(chunk["actor"])
@@ -102,6 +107,7 @@ class Stats:
             self.dtypes | other.dtypes,
             self.spans | other.spans,
             self.compiled | other.compiled,
+            self.busy_device_seconds + other.busy_device_seconds,
         )
 
 
@@ -121,7 +127,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
         "device": current.device,
         "devices": current.devices,
         "device_seconds": round(current.device_seconds, 3),
-        "busy_device_seconds": round(this_run.decode_seconds, 3),
+        "busy_device_seconds": round(this_run.busy_device_seconds, 3),
         "products_per_second_per_device": round(run_products / current.device_seconds, 3) if current.device_seconds and run_products else None,
         "price_per_hour": current.price_per_hour,
         "usd": round(current.usd, 6),
@@ -144,7 +150,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["device_seconds"] = round(device_seconds, 3)  # GPU-seconds or vCPU-seconds (all attempts)
     for kind in kinds:
         report[f"{kind}_seconds"] = round(sum(a.device_seconds for a in attempts if a.device == kind), 3)
-    report["busy_device_seconds"] = round(total.decode_seconds, 3)
+    report["busy_device_seconds"] = round(total.busy_device_seconds, 3)
     one_kind = len(kinds) == 1
     report["products_per_second_per_device"] = (
         round(products / device_seconds, 3) if one_kind and device_seconds and products else None
@@ -198,7 +204,7 @@ def render_markdown(report: dict) -> str:
         "",
         f"Whole job ({report['attempts']} attempt{'s' if report['attempts'] != 1 else ''}"
         f"{', resumed' if report['resumed'] else ''}): {report['products_out']} products in {report['wall_seconds']} s, "
-        f"{report['device_seconds']} {device}-seconds ({report['busy_device_seconds']} s busy decoding), "
+        f"{report['device_seconds']} {device}-seconds ({report['busy_device_seconds']} of them busy decoding), "
         f"{_or_na(report['products_per_second_per_device'])} products/s per {device}, "
         f"{_or_na(report['usd_per_1k_products'], '$')} per 1k products (${report['usd']} in all) "
         f"at ${report['price_per_hour']} per {report['price_unit']}.",

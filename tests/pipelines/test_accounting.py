@@ -256,6 +256,13 @@ def test_busy_decoding_seconds_leave_out_loading_the_model(monkeypatch):
     first = json.loads(run_chunk(extract, prepared(shoes(4)))["stats"])
     assert first["products_out"] == 4
     assert first["decode_seconds"] < 0.5
+    assert first["decode_devices"] == 1  # no threads given: a GPU actor, one GPU
+
+
+def test_a_chunk_names_the_devices_its_actor_decoded_on():
+    """A CPU actor's torch threads are the vCPUs its busy seconds occupied (the report multiplies)."""
+    extract = ExtractStage(stage().config, threads=3)
+    assert json.loads(run_chunk(extract, prepared(shoes(2)))["stats"])["decode_devices"] == 3
 
 
 @pytest.mark.parametrize("cut", ["a value", "a product"])

@@ -52,6 +52,20 @@ def test_report_sums_attempts_and_prices_each_by_its_device(tmp_path):
     assert mixed["products_per_second_per_device"] is None  # GPU-seconds and vCPU-seconds do not add up
 
 
+def test_busy_seconds_are_device_seconds_as_the_whole_jobs_are():
+    """An actor of two torch threads busy for 30 s used 60 vCPU-seconds, in the same unit as the
+    job's device_seconds beside it; a GPU actor's chunk counts its one GPU, and a chunk committed
+    before the device count was recorded counts one device (resumed jobs)."""
+    total = Stats()
+    total.add({"rows_in": 3, "products_out": 3, "decode_seconds": 30.0, "decode_devices": 2})
+    total.add({"rows_in": 1, "products_out": 1, "decode_seconds": 5.0})  # an older manifest's chunk
+    attempt = attempts.Attempt("a", 0.0, 100.0, "cpu", 2, 0.0425)
+    report = build_report(META, total, total, [attempt], attempt)
+    assert report["busy_device_seconds"] == 65.0 and report["this_run"]["busy_device_seconds"] == 65.0
+    assert "200.0 vCPU-seconds (65.0 of them busy decoding)" in render_markdown(report)
+    assert total.merged(total).busy_device_seconds == 130.0
+
+
 def test_the_report_names_the_dtype_the_models_ran_in():
     attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
     bf16, f32, dry = Stats(), Stats(), Stats()
