@@ -103,10 +103,3 @@ def floor(flops: float, model_info: dict, input_tokens: float, value_tokens: flo
     out = {"matmul_flops_per_s": flops, "input_tokens_per_product": input_tokens,
            "value_tokens_per_product": value_tokens, "tokens_per_product": tokens, "limit_products_per_s": limit}  # fmt: skip
     return out | {name: {"fraction": s["products_per_s"] / limit} for name, s in summaries.items()}
-
-
-def prefill_limit(flops: float, model_info: dict, summary: dict) -> dict:
-    """Products/s if a product cost only its prompt's body matmuls at measured matmul speed:
-    FLOP/s / (2 x body parameters x prompt tokens per product)."""
-    limit = flops / (2 * model_info["body_matmul_parameters"] * summary["prompt_tokens_per_product"])
-    return {"limit_products_per_s": limit, "fraction_of_limit": summary["products_per_s"] / limit}

@@ -1,5 +1,5 @@
 """`hpd bench` measurement of one decoder run: wall and CPU time, forward passes, peak memory; and
-the measured matmul speed that the prefill compute limit is computed from.
+the measured matmul speed that the per-product floor is computed from.
 
 Forward passes are counted from what the engine's runner reports of each (``ModelRunner.passed``),
 so both decoders are counted by the same code, graph replays included. Peak device memory is reset
@@ -27,7 +27,7 @@ class TimingConfig:
     warmup_requests: int = 1
     repeats: int = 1
     memory_sample_s: float = 0.01  # host RSS sampling interval
-    matmul_size: int = 0  # prefill compute limit: square matmul size; 0 = 8192 on CUDA, 1024 on CPU
+    matmul_size: int = 0  # the floor's matmul speed: square matmul size; 0 = 8192 on CUDA, 1024 on CPU
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0:

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.compare import DECODER_ORDER, compare, floor, prefill_limit
+from bench.compare import DECODER_ORDER, compare, floor
 from bench.decoders import decode
 from bench.measure import PassCounter, TimingConfig, matmul_flops
 from bench.report import load_average, write_json
@@ -76,7 +76,6 @@ def run_single(
         speedup=speedup,
         speedup_cpu_time=speedup_cpu,
         agreement=result.get("agreement"),
-        prefill_limit={"matmul_flops_per_s": flops, **{n: prefill_limit(flops, report["model"], result[n]) for n in DECODER_ORDER}},
         floor=floor(
             flops, report["model"], floor_input_tokens(workload.requests, tokenizer),
             result["hpd"]["generated_tokens"] / result["hpd"]["products"], {n: result[n] for n in DECODER_ORDER},
