@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
+from hpd_core import masks
 from hpd_core.types import Request, Result, Value
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class BatchedDecoder:
         self.special = set(tokenizer.all_special_ids)
         self.parser = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-parse")  # results, beside the model
         self.on_prompt_done: Callable[[Request], None] | None = None  # progress: each request as it finishes
+        self.max_positions = masks.max_positions(model.config)  # a prompt whose positions pass it is not decoded
+        self.window = masks.smallest_window(model.config)  # the narrowest sliding window (None: no sliding layer)
 
     def layers_compiled(self) -> bool:
         """Whether this decoder's forwards run the layers' compiled pieces (hpd_core/compiled.py):
@@ -100,6 +103,19 @@ class BatchedDecoder:
     def cost(self, item) -> tuple[int, int]:
         """(prompt tokens, slots) of a prepared request, for batch planning."""
         raise NotImplementedError
+
+    def past_positions(self, item) -> str | None:
+        """Why a prepared request cannot be decoded within the model's positions, or None (it can).
+        HPD's layouts leave K_max positions after every key, so many attributes, products or a large
+        K_max can pass ``max_positions``, beyond which the model's rotary positions were never
+        trained (Gemma 3 270M: 32,768); the baseline's prompts are ordinary sequences."""
+        last = getattr(item, "last_position", None)
+        if last is None or self.max_positions is None or last < self.max_positions:
+            return None
+        return (f"the prompt's positions reach {last}, past the model's {self.max_positions} "
+                f"(max_position_embeddings): {item.num_slots} values x {item.max_value_tokens} positions each "
+                "(max_value_tokens) after their keys; fewer products per prompt, fewer attributes or a smaller "
+                "max_value_tokens")
 
     def decode(self, requests: list[Request], prepared: list | None = None) -> list[Result]:
         raise NotImplementedError
@@ -134,8 +150,15 @@ class BatchedDecoder:
         def fail(i: int, reason: str) -> tuple[int, Result]:
             return i, error_result(requests[i], self.name, reason, costs[i][0])
 
-        for batch in plan_sessions([c[0] for c in costs], [c[1] for c in costs], self.config.max_value_tokens):
-            for i, result in run_split_on_oom(batch, run, fail):
+        fits = []
+        for i, item in enumerate(items):
+            if (why := self.past_positions(item)) is not None:
+                results[i] = fail(i, why)[1]
+            else:
+                fits.append(i)
+        plan = plan_sessions([costs[i][0] for i in fits], [costs[i][1] for i in fits], self.config.max_value_tokens)
+        for batch in plan:
+            for i, result in run_split_on_oom([fits[j] for j in batch], run, fail):
                 results[i] = result
         return results  # type: ignore[return-value]
 

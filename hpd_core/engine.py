@@ -31,10 +31,11 @@ from dataclasses import replace
 
 import torch
 
+from hpd_core import attribute_groups
 from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
-from hpd_core.layout import Layout, build_layout, require_token_boundary, shared_prefix_length
+from hpd_core.layout import Layout, beyond_window, build_layout, require_token_boundary, shared_prefix_length
 from hpd_core.prompts import parse_value, shared_prefix_text
 from hpd_core.runner import ModelRunner, body_parameters
 from hpd_core.sampling import make_generator, select
@@ -75,6 +76,9 @@ class HPDDecoder(BatchedDecoder):
         free decoding (see ``decode_batch``); ``prepared``: ``prepare(requests)``, if done already."""
         layouts = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
+        if forced is None:  # a prompt too wide for the sliding window, as prompts over its attribute groups
+            wide = attribute_groups.split(requests, layouts, self.window, self.config.skeleton, self.prepare)
+            requests, layouts = wide.requests, wide.layouts
 
         def run(indices: list[int]) -> list[Result]:
             picked = ([requests[i] for i in indices], [layouts[i] for i in indices], generator)
@@ -82,7 +86,14 @@ class HPDDecoder(BatchedDecoder):
                 return self.decode_batch(*picked)
             return self.decode_batch(*picked, [forced[i] for i in indices], record_logits=False)
 
-        return self.decode_in_batches(requests, layouts, run)
+        if forced is not None:  # teacher forcing: the slots of the layouts given, as the trainer lays them out
+            return self.decode_in_batches(requests, layouts, run)
+        hook = self.on_prompt_done
+        self.on_prompt_done = wide.telling(hook)
+        try:
+            return wide.merge(self.decode_in_batches(requests, layouts, run))
+        finally:
+            self.on_prompt_done = hook
 
     def prompt(self, request: Request, layout: Layout) -> Prompt:
         """What the session prefills: the layout, its shared prefix marked (none if sharing is off)."""
@@ -365,7 +376,7 @@ class HPDSession(Session):
         ]
         if logprob is not None:
             values = [with_confidence(value, lp) for value, lp in zip(values, logprob)]
-        extra = {"slot_tokens": slot_tokens}
+        extra = {"slot_tokens": slot_tokens, "beyond_window": beyond_window(lay, self.decoder.window)}
         if recorded is not None:
             extra["step_logits"] = recorded
         return Result(

@@ -33,6 +33,11 @@ class Layout:
     def anchor_pos(self) -> tuple[int, ...]:
         return tuple(self.position_ids[i] for i in self.anchor_index)
 
+    @property
+    def last_position(self) -> int:
+        """The position of the last value token the layout leaves room for."""
+        return max(self.anchor_pos) + self.max_value_tokens
+
     def value_position(self, slot: int, k: int) -> int:
         """Position of token k (1-based) of slot ``slot``."""
         if not 1 <= k <= self.max_value_tokens:
@@ -100,6 +105,19 @@ def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: s
         max_value_tokens=max_value_tokens,
         num_attributes=len(request.attributes),
     )
+
+
+def beyond_window(layout: Layout, window: int | None) -> int:
+    """How many slots start their value ``window`` or more positions after their product's first
+    key, so that a sliding-window layer of that window (it counts positions, docs/sliding-window.md)
+    sees none of the product's text from them: with the interleaved skeleton a product's text ends
+    right before its first key; with the after-products one it lies further back still, so this is
+    a lower bound. The gap of K_max positions after every key makes it grow with the attributes
+    (about 35 positions each at K_max 30: a 512-position window is passed after about 14)."""
+    if window is None:
+        return 0
+    anchors, n = layout.anchor_pos, layout.num_attributes
+    return sum(anchors[s] + 1 - anchors[s - s % n] >= window for s in range(layout.num_slots))
 
 
 def check_token_boundary(

@@ -85,6 +85,18 @@ def layer_windows(config) -> dict[str, int | None]:
     return {FULL: window}
 
 
+def smallest_window(config) -> int | None:
+    """The narrowest sliding window of a model's layers (None: every layer attends in full)."""
+    windows = [w for w in layer_windows(config).values() if w is not None]
+    return min(windows) if windows else None
+
+
+def max_positions(config) -> int | None:
+    """The positions a model was built for (``max_position_embeddings``; None where not given)."""
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return getattr(config, "max_position_embeddings", None)
+
+
 def window_per_layer(config) -> tuple[int | None, ...]:
     """Each layer's window by layer index (None: full attention), from the same rules as
     ``layer_windows``."""

@@ -49,8 +49,10 @@ INDENT = "  "
 TERMINATORS = ",\n}"  # characters that end a JSON value in the answer
 # The version of a product's prompt text, recorded in each job's _job.json: a job is not resumed
 # under another (its output would hold values of two prompts). Raise it with every change of what
-# a prompt says for the same record. 1: the title first (until 2026-11-29); 2: the title last.
-PROMPT_FORMAT = 2
+# a prompt says for the same record. 1: the title first (until 2026-11-29); 2: the title last; 3:
+# a prompt wider than the model's sliding window is prompted as attribute groups (2026-11-30,
+# hpd_core/attribute_groups.py; the text of every other prompt is as in 2).
+PROMPT_FORMAT = 3
 
 
 def _product_json(request: Request, j: int) -> str:

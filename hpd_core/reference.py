@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from hpd_core import masks
+from hpd_core import attribute_groups, masks
 from hpd_core.autoregressive import AutoregressiveDecoder, answer_length, make_result
 from hpd_core.batching import BatchedDecoder
 from hpd_core.config import DecodeConfig
 from hpd_core.engine import group, with_confidence
-from hpd_core.layout import Layout, build_layout, require_token_boundary
+from hpd_core.layout import Layout, beyond_window, build_layout, require_token_boundary
 from hpd_core.prompts import parse_value
 from hpd_core.sampling import make_generator, select
 from hpd_core.spans import SpanVocabulary, product_fields
@@ -72,9 +72,11 @@ class ReferenceDecoder(BatchedDecoder):
     def decode(self, requests: list[Request], prepared: list[Layout] | None = None) -> list[Result]:
         layouts = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
-        return self.decode_in_batches(
-            requests, layouts, lambda indices: [self.decode_one(requests[i], generator, layouts[i]) for i in indices]
-        )
+        wide = attribute_groups.split(requests, layouts, self.window, self.config.skeleton, self.prepare)  # as HPD splits them
+        return wide.merge(self.decode_in_batches(
+            wide.requests, wide.layouts, lambda indices: [self.decode_one(wide.requests[i], generator, wide.layouts[i])
+                                                          for i in indices]
+        ))
 
     def step_logits(self, layout: Layout, fed: list[list[int]]) -> torch.Tensor:
         """Logits (slots, V) at every slot's last token, from one full forward."""
@@ -139,7 +141,7 @@ class ReferenceDecoder(BatchedDecoder):
             generated_tokens=sum(len(g) for g in generated),
             forward_passes=passes,
             decoder=self.name,
-            extra={"slot_tokens": generated},
+            extra={"slot_tokens": generated, "beyond_window": beyond_window(layout, self.window)},
         )
 
 

@@ -135,6 +135,15 @@ def fill_warning(report: dict) -> str | None:
             "the input mixes many categories, sort or partition it by category (or raise --group-chunks) to fill them")
 
 
+def window_warning(report: dict) -> str:
+    """Values decoded where the model's sliding-window layers see none of their product's text."""
+    return (f"warning: {report['values_beyond_window']} of {report['attribute_rows']} values were decoded a sliding "
+            "window or more positions after their product's text (HPD leaves --max-value-tokens positions after every "
+            "key), where most of the model's layers cannot see it; they are mostly null or wrong. With --skeleton "
+            "interleaved (the default) such prompts are decoded as groups of their attributes; with after-products "
+            "they are not, and a key wider than the window cannot be split (docs/sliding-window.md)")
+
+
 def _summary(report: dict, output: str) -> str:
     rejected = report["rows_rejected"]
     by_stage = ", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items())
@@ -161,6 +170,8 @@ def _summary(report: dict, output: str) -> str:
                      f"hpd rejected {output} --stage extract --out FILE.jsonl")
     if (warning := fill_warning(report)) is not None:
         lines.append(warning)
+    if report.get("values_beyond_window"):
+        lines.append(window_warning(report))
     if report.get("cuda_graph_failures"):
         lines.append(f"warning: {report['cuda_graph_failures']} CUDA graph capture(s) failed; those batches ran "
                      "eagerly (the same values, slower); the actors' logs (--verbose) say why")

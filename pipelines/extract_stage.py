@@ -369,6 +369,8 @@ class ExtractStage:
             if result.error is not None:
                 failed.update({p: f"extract error: {result.error}" for p in positions})
                 continue
+            stats.update(values_beyond_window=result.extra.get("beyond_window", 0),
+                         prompts_in_groups=int(result.extra.get("groups", 1) > 1))
             for position, values in zip(positions, result.values, strict=True):  # a decoder's wrong shape raises
                 row = rows[position]
                 written.append(position)

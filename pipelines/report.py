@@ -23,6 +23,12 @@ COUNTERS = (
     "values_not_in_text",  # values not found in their product's text, written as null (--keep-values-not-in-text)
     "values_truncated",  # the value reached max_value_tokens
     "parse_errors",  # the model's text for a slot was not valid JSON
+    # values decoded a sliding window or more positions after their product's first key, where the
+    # model's sliding-window layers see none of its text (hpd_core.layout.beyond_window)
+    "values_beyond_window",
+    # prompts too wide for the model's sliding window, decoded as prompts over groups of their
+    # attributes (hpd_core/attribute_groups.py): each group prefills its products' text again
+    "prompts_in_groups",
     "inputs_truncated",  # the product text was cut to max_text_chars
     "prompts",
     "prompt_tokens",
@@ -194,13 +200,15 @@ def render_markdown(report: dict) -> str:
         + (", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items()) or "none"),
         "",
         "| prompts | prompt tokens | generated tokens | forward passes | truncated values | parse errors "
-        "| values not in text |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| values not in text | values beyond the sliding window |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {report['prompts']} | {report['prompt_tokens']} | {report['generated_tokens']} "
         f"| {report['forward_passes']} | {report['values_truncated']} | {report['parse_errors']} "
-        f"| {report['values_not_in_text']} |",
+        f"| {report['values_not_in_text']} | {report.get('values_beyond_window', 0)} |",
         "",
-        f"Products per prompt: {_or_na(report.get('products_per_prompt'))} (J = {report['docs_per_prompt']}).",
+        f"Products per prompt: {_or_na(report.get('products_per_prompt'))} (J = {report['docs_per_prompt']})"
+        + (f"; {report['prompts_in_groups']} prompts too wide for the model's sliding window decoded as attribute "
+           "groups." if report.get("prompts_in_groups") else "."),
         "",
         f"Whole job ({report['attempts']} attempt{'s' if report['attempts'] != 1 else ''}"
         f"{', resumed' if report['resumed'] else ''}): {report['products_out']} products in {report['wall_seconds']} s, "

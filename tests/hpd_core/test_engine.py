@@ -4,17 +4,18 @@ training-view logits, and itself decoded alone vs in a batch."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpd_core import masks
+from hpd_core import attribute_groups, masks
 from hpd_core.config import DecodeConfig
 from hpd_core.decoders import make_decoder
 from hpd_core.engine import HPDDecoder
-from hpd_core.layout import build_layout, encode
+from hpd_core.layout import beyond_window, build_layout, encode
 from hpd_core.prompts import render_value, value_suffix
 from hpd_core.reference import logical_sequence
 from hpd_core.stopping import DONE, START, advance
@@ -220,6 +221,96 @@ def test_truncation_flagged_at_k_max(models, tokenizer):
             closed = advance(START, tokenizer.decode(tokens)) == DONE
             text = tokenizer.decode(tokens).strip()
             assert value.truncated == (not closed and not (text.startswith('"') and text.count('"') >= 2))
+
+
+@pytest.mark.parametrize("decoder_name", ["hpd", "reference"])
+def test_values_beyond_the_sliding_window_are_counted(models, tokenizer, decoder_name):
+    """Each result says how many of its values begin a sliding window (TINY_WINDOW, 16) or more
+    positions after their product's first key (``layout.beyond_window``), the same for HPD and its
+    oracle: none for one attribute, most of them for eight at K_max 6. The after-products skeleton,
+    whose keys follow all the products, is not split into attribute groups."""
+    rng = random.Random(3)
+    requests = [random_request(rng, 2, 8), random_request(rng, 2, 1)]
+    config = DecodeConfig(max_value_tokens=6, skeleton="after-products")
+    decoder = make_decoder(decoder_name, models["gemma3"], tokenizer, config)
+    assert decoder.window == 16
+    results = decoder.decode(requests)
+    layouts = decoder.prepare(requests)
+    assert [r.extra["beyond_window"] for r in results] == [beyond_window(lay, 16) for lay in layouts]
+    assert results[0].extra["beyond_window"] >= 2 * 5 and results[1].extra["beyond_window"] == 0
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3-swa", "mistral-swa"])
+def test_a_prompt_wider_than_the_window_is_decoded_as_attribute_groups(models, tokenizer, arch):
+    """With the interleaved skeleton, a prompt whose slots pass the sliding window (TINY_WINDOW) is
+    decoded as prompts over consecutive groups of its attributes (hpd_core/attribute_groups.py):
+    each group's values are what that group decodes as a prompt of its own, side by side in
+    attribute order, no value beyond the window, HPD == its oracle; a prompt that fits, beside it,
+    decodes as it does alone; the progress hook hears of each original prompt once."""
+    rng = random.Random(7)
+    wide, narrow = random_request(rng, 2, 8), random_request(rng, 3, 1)
+    config = DecodeConfig(max_value_tokens=5)
+    hpd = make_decoder("hpd", models[arch], tokenizer, config)
+    told = []
+    hpd.on_prompt_done = told.append
+    got = hpd.decode([wide, narrow])
+    hpd.on_prompt_done = None
+    assert sorted(map(id, told)) == sorted([id(wide), id(narrow)])
+    layout = hpd.prepare([wide])[0]
+    cut = attribute_groups.ranges(layout, hpd.window)
+    assert len(cut) >= 2 and beyond_window(layout, hpd.window) > 0
+    parts = [replace(wide, attributes=wide.attributes[a:b]) for a, b in cut]
+    alone = hpd.decode(parts)
+    assert all(beyond_window(lay, hpd.window) == 0 for lay in hpd.prepare(parts))
+    for j in range(len(wide.products)):
+        assert got[0].values[j] == sum((r.values[j] for r in alone), ())
+    assert got[0].extra["groups"] == len(cut) and got[0].extra["beyond_window"] == 0
+    assert got[0].generated_tokens == sum(r.generated_tokens for r in alone)
+    assert got[0].request is wide and "groups" not in got[1].extra
+    assert got[1].values == hpd.decode([narrow])[0].values
+    reference = make_decoder("reference", models[arch], tokenizer, config)
+    oracle = reference.decode([wide, narrow])
+    assert oracle[0].extra["groups"] == len(cut)  # the oracle splits alike
+    assert got[0].extra["slot_tokens"] == oracle[0].extra["slot_tokens"] and got[0].values == oracle[0].values
+    if not slots_part_at_a_tie(reference, narrow, got[1].extra["slot_tokens"], oracle[1].extra["slot_tokens"]):
+        assert got[1].values == oracle[1].values
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 12), k_max=st.integers(1, 10), window=st.integers(4, 80))
+def test_attribute_groups_cover_the_attributes_and_fit_the_window(tokenizer, seed, n, k_max, window):
+    """The ranges are consecutive, cover every attribute once, and each group laid out alone has no
+    value beyond the window unless it is one attribute whose own key is wider."""
+    request = random_request(random.Random(seed), 2, n)
+    layout = build_layout(request, tokenizer, k_max, "interleaved")
+    cut = attribute_groups.ranges(layout, window)
+    assert cut[0][0] == 0 and cut[-1][1] == n and all(a < b for a, b in cut)
+    assert all(b == c for (_, b), (c, _) in zip(cut, cut[1:]))
+    for a, b in cut:
+        part = build_layout(replace(request, attributes=request.attributes[a:b]), tokenizer, k_max, "interleaved")
+        assert beyond_window(part, window) == 0 or b - a == 1
+    assert (len(cut) == 1) == (beyond_window(layout, window) == 0)
+
+
+@pytest.mark.parametrize("decoder_name", ["hpd", "reference"])
+def test_a_prompt_past_the_models_positions_is_an_error_result(tokenizer, decoder_name):
+    """A layout whose positions pass the model's max_position_embeddings (HPD leaves K_max after
+    every key) is not decoded: its result is an error naming the limit, and the other prompts of
+    the call decode as they do alone."""
+    from .conftest import tiny_model
+
+    model = tiny_model("llama", len(tokenizer), max_position_embeddings=400)
+    rng = random.Random(5)
+    small, large = random_request(rng, 1, 1), random_request(rng, 3, 8)
+    config = DecodeConfig(max_value_tokens=8)
+    decoder = make_decoder(decoder_name, model, tokenizer, config)
+    assert decoder.max_positions == 400
+    small_layout, large_layout = decoder.prepare([small, large])
+    assert small_layout.last_position < 400 <= large_layout.last_position
+    got = decoder.decode([large, small])
+    assert got[0].error is not None and "past the model's 400 (max_position_embeddings)" in got[0].error
+    assert all(v.value is None for row in got[0].values for v in row) and got[0].forward_passes == 0
+    assert got[1].error is None and got[1].values == decoder.decode([small])[0].values
 
 
 def test_out_of_memory_splits_the_batch(models, tokenizer):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hpd_core import masks
 from hpd_core.config import SKELETONS
-from hpd_core.layout import build_layout, check_token_boundary, encode
+from hpd_core.layout import beyond_window, build_layout, check_token_boundary, encode
 from hpd_core.prompts import skeleton_segments
 
 from .conftest import random_request
@@ -217,3 +217,25 @@ def test_interleaved_skeleton_puts_each_products_text_before_its_keys(tokenizer)
             assert first_key < answer.index(f'"{j + 2}": {{')  # before the next product opens
     prompt = text[: text.index("{\n")]
     assert all(json.dumps(p.title, ensure_ascii=False) not in prompt for p in request.products)  # not in the instructions
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), j=st.integers(1, 3), n=st.integers(1, 6), k_max=st.integers(1, 12),
+       window=st.integers(2, 60))
+def test_a_slot_beyond_the_window_sees_none_of_its_products_text(tokenizer, seed, j, n, k_max, window):
+    """``beyond_window`` counts the slots whose first value token may not attend, under the rule in a
+    sliding layer of that window, to their product's first key, the token right after the product's
+    text in the interleaved skeleton (so to none of the text), and no other slots."""
+    layout = build_layout(random_request(random.Random(seed), j, n), tokenizer, k_max, "interleaved")
+    blind, T = 0, len(layout.input_ids)
+    for s in range(layout.num_slots):
+        query = torch.tensor([[layout.value_position(s, 1)]])  # as the last key too: a query sees itself
+        pos = torch.cat([torch.tensor([layout.position_ids]), query], 1)
+        gen = torch.cat([torch.zeros(1, T, dtype=torch.long), torch.ones_like(query)], 1)
+        valid = torch.ones_like(pos, dtype=torch.bool)
+        sees = masks.allowed(pos, gen, valid, query, torch.ones_like(query), T, window)
+        first_key = layout.anchor_index[s - s % n]  # the product's first key, its text right before it
+        blind += not sees[0, 0, first_key].item()
+    assert beyond_window(layout, window) == blind
+    assert beyond_window(layout, None) == 0
+    assert layout.last_position == max(layout.anchor_pos) + k_max

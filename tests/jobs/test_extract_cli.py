@@ -341,6 +341,9 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     assert "warning: 2 CUDA graph capture(s) failed" in extract._summary(dict(base, cuda_graph_failures=2), "out")
     assert "confidence" not in extract._summary(base, "out")
     assert "one folder per category; each value with its confidence)" in extract._summary(dict(base, confidence=True), "out")
+    assert "sliding window" not in extract._summary(dict(base, values_beyond_window=0, attribute_rows=40), "out")
+    assert "warning: 5 of 40 values were decoded a sliding window or more positions after their product's text" in \
+        extract._summary(dict(base, values_beyond_window=5, attribute_rows=40), "out")
 
 
 def test_summary_warns_when_prompts_are_far_from_full():
