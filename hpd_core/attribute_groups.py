@@ -7,9 +7,10 @@ is after about 14 attributes, and measured on the validation products with 20 at
 first, F1 fell from 81.6 to 3.6: docs/sliding-window.md). Such a request is decoded as requests
 over consecutive groups of its attributes, each group as wide as the window allows, with the same
 products, and the groups' results are merged back into one result per request. With the
-interleaved skeleton a product's text ends right before its first key, so a group whose keys lie
-within the window of its first key is in sight of the text; the after-products skeleton, whose
-keys follow all the products, is not split (its slots count in ``beyond_window`` as before).
+interleaved skeleton a product's text ends a few tokens (``Layout.key_tails``) before its first key,
+so a group whose value tokens begin within the window of that text's end is in sight of it; the
+after-products skeleton, whose keys follow all the products, is not split (its slots count in
+``beyond_window`` as before).
 
 A request that fits (every request of a model without sliding layers) is passed through as the
 same object, so nothing changes for it: its prompt, positions and values are as before.
@@ -21,24 +22,22 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from hpd_core.batching import error_result
-from hpd_core.layout import Layout
+from hpd_core.layout import INTERLEAVED, Layout
 from hpd_core.types import Request, Result
-
-INTERLEAVED = "interleaved"
-
 
 def ranges(layout: Layout, window: int | None) -> list[tuple[int, int]]:
     """Consecutive attribute ranges ``[start, end)`` whose first value tokens all lie less than
-    ``window`` positions after the range's first key (read off the first product's anchors; every
-    product's keys are the same tokens). One range for a layout that fits; a single attribute is a
+    ``window`` positions after the product's text, were the range's first key the product's first
+    (read off the first product's anchors and ``key_tails``; every product's keys are the same
+    tokens). One range for a layout that fits; a single attribute is a
     range of its own even where its own key is wider than the window."""
     n = layout.num_attributes
     if window is None:
         return [(0, n)]
-    anchors = layout.anchor_pos[:n]
+    anchors, tails = layout.anchor_pos[:n], layout.key_tails or (0,) * n
     out, start = [], 0
     for b in range(1, n):
-        if anchors[b] + 1 - anchors[start] >= window:
+        if anchors[b] + 1 - anchors[start] + tails[start] >= window:  # from the text, before the group's first key
             out.append((start, b))
             start = b
     return out + [(start, n)]
@@ -54,6 +53,7 @@ class Split:
     layouts: list[Layout]
     whole: list[int]
     start: list[int]
+    forced: list | None = None  # teacher forcing (hpd bench's fixed lengths): each decoded request's slots
 
     @property
     def any(self) -> bool:
@@ -96,7 +96,8 @@ def merged(original: Request, parts: list[tuple[int, Result]]) -> Result:
     prompt_tokens = sum(r.prompt_tokens for r in results)
     failed = next((r for r in results if r.error is not None), None)
     if failed is not None:
-        return error_result(original, failed.decoder, failed.error, prompt_tokens)
+        return error_result(original, failed.decoder, f"{failed.error} (one of {len(results)} attribute groups)",
+                            prompt_tokens)
     values = tuple(sum((r.values[j] for r in results), ()) for j in range(len(original.products)))
     slot_tokens = []
     for j in range(len(original.products)):  # product-major, as the decoders give them
@@ -116,21 +117,26 @@ def merged(original: Request, parts: list[tuple[int, Result]]) -> Result:
 
 
 def split(requests: list[Request], layouts: list[Layout], window: int | None, skeleton: str,
-          prepare: Callable[[list[Request]], list[Layout]]) -> Split:
+          prepare: Callable[[list[Request]], list[Layout]], forced: list | None = None) -> Split:
     """Each request whose layout passes ``window`` as requests over its attribute groups (laid out
-    by ``prepare``); the others as they are. Only the interleaved skeleton is split."""
-    out_requests, out_layouts, whole, start = [], [], [], []
+    by ``prepare``); the others as they are. Only the interleaved skeleton is split. ``forced[r][s]``
+    (teacher forcing, product-major slots) is split alike."""
+    out_requests, out_layouts, whole, start, out_forced = [], [], [], [], []
     for i, (request, layout) in enumerate(zip(requests, layouts)):
         cut = ranges(layout, window) if skeleton == INTERLEAVED else [(0, layout.num_attributes)]
+        n = layout.num_attributes
         if len(cut) == 1:
             out_requests.append(request)
             out_layouts.append(layout)
             whole.append(i)
             start.append(0)
+            out_forced.append(forced[i] if forced is not None else None)
             continue
         parts = [replace(request, attributes=request.attributes[a:b]) for a, b in cut]
         out_requests += parts
         out_layouts += prepare(parts)
         whole += [i] * len(parts)
         start += [a for a, _ in cut]
-    return Split(list(requests), out_requests, out_layouts, whole, start)
+        if forced is not None:
+            out_forced += [[forced[i][j * n + s] for j in range(len(request.products)) for s in range(a, b)] for a, b in cut]
+    return Split(list(requests), out_requests, out_layouts, whole, start, out_forced if forced is not None else None)

@@ -76,9 +76,9 @@ class HPDDecoder(BatchedDecoder):
         free decoding (see ``decode_batch``); ``prepared``: ``prepare(requests)``, if done already."""
         layouts = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
-        if forced is None:  # a prompt too wide for the sliding window, as prompts over its attribute groups
-            wide = attribute_groups.split(requests, layouts, self.window, self.config.skeleton, self.prepare)
-            requests, layouts = wide.requests, wide.layouts
+        # a prompt too wide for the sliding window, as prompts over its attribute groups
+        wide = attribute_groups.split(requests, layouts, self.window, self.config.skeleton, self.prepare, forced)
+        requests, layouts, forced = wide.requests, wide.layouts, wide.forced
 
         def run(indices: list[int]) -> list[Result]:
             picked = ([requests[i] for i in indices], [layouts[i] for i in indices], generator)
@@ -86,8 +86,6 @@ class HPDDecoder(BatchedDecoder):
                 return self.decode_batch(*picked)
             return self.decode_batch(*picked, [forced[i] for i in indices], record_logits=False)
 
-        if forced is not None:  # teacher forcing: the slots of the layouts given, as the trainer lays them out
-            return self.decode_in_batches(requests, layouts, run)
         hook = self.on_prompt_done
         self.on_prompt_done = wide.telling(hook)
         try:

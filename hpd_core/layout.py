@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpd_core.prompts import render_prompt, render_value, skeleton_segments, special_texts, value_suffix
+from hpd_core.prompts import (
+    first_key_tail,
+    render_prompt,
+    render_value,
+    skeleton_segments,
+    special_texts,
+    value_suffix,
+)
 from hpd_core.types import Attribute, Product, Request
+
+INTERLEAVED = "interleaved"
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,9 @@ class Layout:
     anchor_index: tuple[int, ...]  # per slot: index of its anchor in input_ids
     max_value_tokens: int  # K_max
     num_attributes: int
+    # interleaved skeleton: per attribute, the tokens from a product's text to the end of that
+    # attribute's key were it the product's first (prompts.first_key_tail); () for after-products
+    key_tails: tuple[int, ...] = ()
 
     @property
     def num_slots(self) -> int:
@@ -98,26 +110,32 @@ def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: s
         position_ids.extend(range(start + offset, start + offset + len(ids)))
         anchor_index.append(len(input_ids) - 1)
         offset += max_value_tokens
+    specials = special_texts(tokenizer)
+    tails = tuple(len(encode(tokenizer, first_key_tail(a, specials))) for a in request.attributes)
     return Layout(
         input_ids=tuple(input_ids),
         position_ids=tuple(position_ids),
         anchor_index=tuple(anchor_index),
         max_value_tokens=max_value_tokens,
         num_attributes=len(request.attributes),
+        key_tails=tails if skeleton == INTERLEAVED else (),
     )
 
 
 def beyond_window(layout: Layout, window: int | None) -> int:
-    """How many slots start their value ``window`` or more positions after their product's first
-    key, so that a sliding-window layer of that window (it counts positions, docs/sliding-window.md)
-    sees none of the product's text from them: with the interleaved skeleton a product's text ends
-    right before its first key; with the after-products one it lies further back still, so this is
-    a lower bound. The gap of K_max positions after every key makes it grow with the attributes
-    (about 35 positions each at K_max 30: a 512-position window is passed after about 14)."""
+    """How many slots start their value ``window`` or more positions after their product's text,
+    so that a sliding-window layer of that window (it counts positions, docs/sliding-window.md)
+    sees none of that text from them. With the interleaved skeleton a product's text ends
+    ``key_tails[0]`` tokens before its first key's anchor (the tail tokenized on its own: a token
+    merged across the boundary moves it by one); with the after-products one it lies further back
+    still, and this counts from the first key (a lower bound). The gap of K_max positions after
+    every key makes it grow with the attributes (about 35 positions each at K_max 30: a
+    512-position window is passed after about 14)."""
     if window is None:
         return 0
     anchors, n = layout.anchor_pos, layout.num_attributes
-    return sum(anchors[s] + 1 - anchors[s - s % n] >= window for s in range(layout.num_slots))
+    lead = layout.key_tails[0] if layout.key_tails else 0
+    return sum(anchors[s] + 1 - anchors[s - s % n] + lead >= window for s in range(layout.num_slots))
 
 
 def check_token_boundary(

@@ -222,6 +222,12 @@ def skeleton_segments(request: Request, skeleton: str = "after-products", specia
     return segments
 
 
+def first_key_tail(attribute: Attribute, specials: frozenset[str] = NO_SPECIALS) -> str:
+    """The interleaved skeleton's text between a product's own fields and the end of its first key,
+    ``attribute``'s (see ``skeleton_segments``): how far, in tokens, its text ends before that key."""
+    return guard_specials(f",\n{INDENT * 2}{_key(attribute.name)}", specials)
+
+
 PRODUCT_PROBE = "\ue000"  # a private-use character standing in for a product's text
 
 

@@ -29,6 +29,7 @@ MODEL_FILES = "model_files"  # in _job.json's arguments, outside the run id
 INPUT_MODIFIED = "input_modified"  # likewise: the digest of the input files' modification times
 PROMPT_FORMAT = "prompt_format"  # likewise: hpd_core.prompts.PROMPT_FORMAT of the version that started the job
 NOT_ARGUMENTS = (MODEL_FILES, INPUT_MODIFIED, PROMPT_FORMAT)  # in _job.json's arguments, but no flag sets them
+UNRECORDED_FORMATS = (1, 2)  # what a job begun 2026-11-29 18:00 - 2026-11-30 02:10 may have prompted with
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,6 @@ class Preflight:
     run_id: str  # the job's run id (the output's own where it was started under a former one)
     ignored: tuple[str, ...] = ()  # data files of the input not read for their names (_ or . first)
     input_modified: bool = False  # the same job, and its input files' modification times differ since it started
-    prompt_format_unknown: bool = False  # the same job, started by a version that did not record its prompt format
 
 
 def hub_cache() -> Path:
@@ -229,16 +229,15 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     # touching a file changes it too, so this is a warning (none for jobs from before the digest);
     # the prepare stage refuses a chunk whose rows no longer read as the id index says
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
-    prompt_format_unknown = resumed and PROMPT_FORMAT in arguments and recorded_prompt_format(existing) is None
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
-                     tuple(plan.ignored), modified, prompt_format_unknown)
+                     tuple(plan.ignored), modified)
 
 
 def recorded_prompt_format(existing: dict) -> int | None:
     """The prompt format of the job in ``existing`` (its ``_job.json``): as recorded since
     2026-11-30; else 1 (the title first) for a job whose arguments lack ``input_modified``
     (recorded since 2026-11-29 18:00, before the title went last at 23:24; jobs resumed under a
-    former run id are older still); None (not known) for one started in between."""
+    former run id are older still); None (1 or 2, not known which) for one started in between."""
     recorded = existing.get("arguments") or {}
     if PROMPT_FORMAT in recorded:
         return recorded[PROMPT_FORMAT]
@@ -247,12 +246,13 @@ def recorded_prompt_format(existing: dict) -> int | None:
 
 def check_prompt_format(existing: dict, arguments: dict, output: str) -> None:
     """A job is resumed only by a version that prompts as the one that started it (see
-    ``hpd_core.prompts.PROMPT_FORMAT``); a job whose format is not known is let through (the
-    caller warns)."""
+    ``hpd_core.prompts.PROMPT_FORMAT``); a job whose format was not recorded prompted with 1 or 2,
+    and is refused by a version of a later format."""
     before = recorded_prompt_format(existing)
     now = arguments.get(PROMPT_FORMAT)
-    if before is not None and now is not None and before != now:
+    if now is not None and (before != now if before is not None else now > UNRECORDED_FORMATS[-1]):
+        shown = before if before is not None else " or ".join(map(str, UNRECORDED_FORMATS)) + " (not recorded)"
         raise ValueError(f"the job in --output {output} was started by another version of hpd extract, which prompts "
-                         f"the model otherwise (prompt format {before}; this version's: {now}); resuming would write "
+                         f"the model otherwise (prompt format {shown}; this version's: {now}); resuming would write "
                          "values of two prompts into one output: finish it with the version that started it, use a "
                          "new --output, or --overwrite to start it over")

@@ -276,11 +276,6 @@ def run(args: argparse.Namespace) -> int:
               "times differ): if one was rewritten, the values already written are the old content's, and a resume "
               "stops at the first chunk whose rows changed; --overwrite starts the job over, a new --output keeps this one",
               file=sys.stderr)
-    if plan.prompt_format_unknown:
-        print("hpd extract: warning: the job in --output was started by a version of hpd extract that did not record "
-              "how it prompts; since 2026-11-29 23:24 UTC a product's title follows its description (before: the title "
-              "first), so if the job began before then, its products with a description are prompted two ways in one output",
-              file=sys.stderr)
     if plan.ignored:
         print(f"hpd extract: warning: {len(plan.ignored)} file(s) of --input are not read, as their names (or a folder's) "
               f"begin with _ or . (Spark's and Hadoop's markers): {plan.ignored[0]}"

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from hpd_core import masks
 from hpd_core.config import SKELETONS
-from hpd_core.layout import beyond_window, build_layout, check_token_boundary, encode
-from hpd_core.prompts import skeleton_segments
+from hpd_core.layout import beyond_window, build_layout, check_token_boundary, encode, encode_prompt
+from hpd_core.prompts import _product_fields, render_prompt, skeleton_segments, special_texts
 
 from .conftest import random_request
 
@@ -219,14 +219,32 @@ def test_interleaved_skeleton_puts_each_products_text_before_its_keys(tokenizer)
     assert all(json.dumps(p.title, ensure_ascii=False) not in prompt for p in request.products)  # not in the instructions
 
 
+def _text_ends(request, tokenizer, layout) -> list[int]:
+    """Index in ``layout.input_ids`` of the last token of each product's own fields, read off the
+    interleaved skeleton's segments tokenized as build_layout tokenizes them."""
+    segments = skeleton_segments(request, "interleaved", special_texts(tokenizer))
+    segments[0] = render_prompt(request, tokenizer, "interleaved") + segments[0]
+    n, ends = len(request.attributes), []
+    for j in range(len(request.products)):
+        s = j * n
+        fields = _product_fields(request, j)
+        head = segments[s][: segments[s].rindex(fields) + len(fields)]
+        ids = encode_prompt(tokenizer, head) if s == 0 else encode(tokenizer, head)
+        start = 0 if s == 0 else layout.anchor_index[s - 1] + 1
+        ends.append(start + len(ids) - 1)
+    return ends
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), j=st.integers(1, 3), n=st.integers(1, 6), k_max=st.integers(1, 12),
        window=st.integers(2, 60))
 def test_a_slot_beyond_the_window_sees_none_of_its_products_text(tokenizer, seed, j, n, k_max, window):
     """``beyond_window`` counts the slots whose first value token may not attend, under the rule in a
-    sliding layer of that window, to their product's first key, the token right after the product's
-    text in the interleaved skeleton (so to none of the text), and no other slots."""
-    layout = build_layout(random_request(random.Random(seed), j, n), tokenizer, k_max, "interleaved")
+    sliding layer of that window, to the last token of their product's text (so to none of it),
+    and no other slots; the text's end is found by tokenizing the skeleton up to it."""
+    request = random_request(random.Random(seed), j, n)
+    layout = build_layout(request, tokenizer, k_max, "interleaved")
+    ends = _text_ends(request, tokenizer, layout)
     blind, T = 0, len(layout.input_ids)
     for s in range(layout.num_slots):
         query = torch.tensor([[layout.value_position(s, 1)]])  # as the last key too: a query sees itself
@@ -234,8 +252,7 @@ def test_a_slot_beyond_the_window_sees_none_of_its_products_text(tokenizer, seed
         gen = torch.cat([torch.zeros(1, T, dtype=torch.long), torch.ones_like(query)], 1)
         valid = torch.ones_like(pos, dtype=torch.bool)
         sees = masks.allowed(pos, gen, valid, query, torch.ones_like(query), T, window)
-        first_key = layout.anchor_index[s - s % n]  # the product's first key, its text right before it
-        blind += not sees[0, 0, first_key].item()
+        blind += not sees[0, 0, ends[s // n]].item()
     assert beyond_window(layout, window) == blind
     assert beyond_window(layout, None) == 0
     assert layout.last_position == max(layout.anchor_pos) + k_max

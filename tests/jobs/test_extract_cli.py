@@ -224,7 +224,7 @@ def test_files_fingerprint_follows_the_content_not_the_place(tmp_path):
 def test_a_resume_by_a_version_that_prompts_otherwise_is_refused(tmp_path, no_ray, capsys):
     """A job records how its version prompts (hpd_core.prompts.PROMPT_FORMAT); a resume by a version
     that prompts otherwise would write values of two prompts into one output. A job from before the
-    record is resumed with a warning."""
+    record prompted with format 1 or 2, and is refused too."""
     from jobs.config import from_args
     from hpd_core import prompts
     from pipelines import commit
@@ -253,11 +253,8 @@ def test_a_resume_by_a_version_that_prompts_otherwise_is_refused(tmp_path, no_ra
     unrecorded = {k: v for k, v in plan.arguments.items() if k != checks.PROMPT_FORMAT}  # begun in between
     io.write_json(io.join(config.output.uri, "_job.json"),
                   {**io.read_json(io.join(config.output.uri, "_job.json")), "arguments": unrecorded})
-    again = checks.preflight(config, args)
-    assert again.existing_run == config.output.run_id and again.prompt_format_unknown
-    run_extract(argv)
-    err = capsys.readouterr().err
-    assert "did not record how it prompts" in err and "the job started" in err  # warned, then resumed: on to Ray
+    assert run_extract(argv) == 2  # it prompted with format 1 or 2, never this version's 3
+    assert f"prompt format 1 or 2 (not recorded); this version's: {prompts.PROMPT_FORMAT}" in capsys.readouterr().err
 
 
 def test_a_resume_with_the_adapter_changed_under_its_name_is_refused(tmp_path, no_ray, capsys):
