@@ -110,15 +110,17 @@ def build_layout(request: Request, tokenizer, max_value_tokens: int, skeleton: s
         position_ids.extend(range(start + offset, start + offset + len(ids)))
         anchor_index.append(len(input_ids) - 1)
         offset += max_value_tokens
-    specials = special_texts(tokenizer)
-    tails = tuple(len(encode(tokenizer, first_key_tail(a, specials))) for a in request.attributes)
+    tails = ()
+    if skeleton == INTERLEAVED:
+        specials = special_texts(tokenizer)
+        tails = tuple(len(encode(tokenizer, first_key_tail(a, specials))) for a in request.attributes)
     return Layout(
         input_ids=tuple(input_ids),
         position_ids=tuple(position_ids),
         anchor_index=tuple(anchor_index),
         max_value_tokens=max_value_tokens,
         num_attributes=len(request.attributes),
-        key_tails=tails if skeleton == INTERLEAVED else (),
+        key_tails=tails,
     )
 
 
