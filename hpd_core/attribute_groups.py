@@ -140,3 +140,15 @@ def split(requests: list[Request], layouts: list[Layout], window: int | None, sk
         if forced is not None:
             out_forced += [[forced[i][j * n + s] for j in range(len(request.products)) for s in range(a, b)] for a, b in cut]
     return Split(list(requests), out_requests, out_layouts, whole, start, out_forced if forced is not None else None)
+
+
+def split_example(example, layout: Layout, window: int | None) -> list:
+    """A training example (``collate.Example``: a request and its values) whose layout passes
+    ``window``, as examples over its attribute groups, as ``split`` decodes it; else the example.
+    The trainer lays out what the engine decodes, so a wide category trains as it is extracted."""
+    cut = ranges(layout, window)
+    if len(cut) == 1:
+        return [example]
+    request = example.request
+    return [replace(example, request=replace(request, attributes=request.attributes[a:b]),
+                    values=tuple(row[a:b] for row in example.values)) for a, b in cut]

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, stack_examples
-from hpd_core import checkpoint, masks
+from hpd_core import attribute_groups, checkpoint, masks
 from hpd_core.config import TrainConfig  # the recipe (a config: hpd_core/config.py)
+from hpd_core.layout import INTERLEAVED, build_layout
 from hpd_core.lora_merge import plain_lora
 from hpd_core.types import Attribute
 
@@ -206,11 +207,30 @@ def to_features(tokenizer, examples: Sequence[Example], config: TrainConfig) -> 
     return [features(tokenizer, ex, config.decoder, config.max_value_tokens, config.skeleton) for ex in examples]
 
 
-def _stack(products, attributes, config: TrainConfig, rng: random.Random) -> list[Example]:
-    return stack_examples(products, attributes, config.docs_per_prompt, rng, config.max_docs_per_prompt)
+Widen = Callable[[Example], list[Example]]
 
 
-def plan_epochs(products, attributes, config: TrainConfig, rng_state) -> list[int]:
+def _stack(products, attributes, config: TrainConfig, rng: random.Random, widen: Widen | None = None) -> list[Example]:
+    examples = stack_examples(products, attributes, config.docs_per_prompt, rng, config.max_docs_per_prompt)
+    return examples if widen is None else [part for example in examples for part in widen(example)]
+
+
+def widener(model, tokenizer, config: TrainConfig) -> Widen | None:
+    """HPD's training prompts too wide for the model's sliding window, as prompts over groups of
+    their attributes, as the engine decodes them (hpd_core/attribute_groups.py); None where no
+    prompt can be (the baseline, the after-products skeleton, a model without sliding layers)."""
+    window = masks.smallest_window(model.config)
+    if config.decoder != "hpd" or config.skeleton != INTERLEAVED or window is None:
+        return None
+
+    def widen(example: Example) -> list[Example]:
+        layout = build_layout(example.request, tokenizer, config.max_value_tokens, config.skeleton)
+        return attribute_groups.split_example(example, layout, window)
+
+    return widen
+
+
+def plan_epochs(products, attributes, config: TrainConfig, rng_state, widen: Widen | None = None) -> list[int]:
     """The number of training prompts of each epoch. With a mix of J each epoch stacks the products
     anew, so epochs differ in length; the learning-rate schedule must span their sum. Replays, from
     the run's starting random state, exactly what ``train`` draws per epoch: the stacking, then a
@@ -219,7 +239,7 @@ def plan_epochs(products, attributes, config: TrainConfig, rng_state) -> list[in
     rng.setstate(rng_state)
     counts = []
     for _ in range(config.epochs):
-        n = len(_stack(products, attributes, config, rng))
+        n = len(_stack(products, attributes, config, rng, widen))
         rng.shuffle(list(range(n)))
         counts.append(n)
     return counts
@@ -279,14 +299,15 @@ def train(
         raise ValueError("no training products: check the training data and --val-fraction")
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)  # dropout
-    val_examples = _stack(val_products, attributes, config, random.Random(config.seed))
+    widen = widener(model, tokenizer, config)
+    val_examples = _stack(val_products, attributes, config, random.Random(config.seed), widen)
     val_feats = to_features(tokenizer, val_examples, config)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
     report = TrainReport()
     epoch_rng_state = rng.getstate()  # stacking and shuffling of an epoch replay from this
-    examples_per_epoch = plan_epochs(train_products, attributes, config, rng_state=epoch_rng_state)
+    examples_per_epoch = plan_epochs(train_products, attributes, config, rng_state=epoch_rng_state, widen=widen)
     steps_per_epoch = [steps_for(n, config) for n in examples_per_epoch]
     total = sum(steps_per_epoch) if config.max_steps is None else min(sum(steps_per_epoch), config.max_steps)
     scheduler = schedule(optimizer, total, config.warmup_ratio)
@@ -316,7 +337,7 @@ def train(
         if epoch != start_epoch:
             epoch_rng_state = rng.getstate()
         rng.setstate(epoch_rng_state)  # a resumed epoch replays its stacking and shuffle
-        examples = _stack(train_products, attributes, config, rng)
+        examples = _stack(train_products, attributes, config, rng, widen)
         feats = to_features(tokenizer, examples, config)
         if epoch == 0:
             report.truncated_slots = sum(f.truncated_slots for f in feats)

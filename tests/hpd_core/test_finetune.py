@@ -503,3 +503,37 @@ def test_mixed_j_stacks_every_size_in_range():
     sizes = {len(e.request.products) for e in examples}
     assert {1, 2, 7, 8} <= sizes and max(sizes) == 8
     assert sum(len(e.request.products) for e in examples) == len(products)
+
+
+def test_training_prompts_wider_than_the_window_train_as_the_engine_decodes_them(tokenizer):
+    """On a model with sliding layers (TINY_WINDOW, 16), an HPD training prompt whose slots pass the
+    window is trained as prompts over groups of its attributes, as the engine decodes it
+    (attribute_groups.split_example): each part fits the window, the parts' values are the prompt's,
+    and the run plans and takes exactly those prompts. The baseline, the after-products skeleton
+    and a model without sliding layers are trained as before."""
+    from hpd_core.finetune import widener
+    from hpd_core.layout import beyond_window
+
+    rng = random.Random(4)
+    request = random_request(rng, 1, 6)
+    products = [Labeled(request.category, Product(f"p{i}", random_text(rng, 4)),
+                        tuple(rng.choice([None, "red", "blue"]) for _ in range(6))) for i in range(4)]
+    attributes = {request.category: request.attributes}
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, epochs=1, grad_accum=1,
+                         lora_rank=4, lr=1e-3, log_every=100)
+    model = prepare_model(tiny_model("gemma3", len(tokenizer)), config)
+    widen = widener(model, tokenizer, config)
+    stacked = stack_examples(products, attributes, 2, random.Random(0))
+    parts = [part for example in stacked for part in widen(example)]
+    assert len(parts) > len(stacked)
+    for part in parts:
+        layout = build_layout(part.request, tokenizer, K_MAX, "interleaved")
+        assert beyond_window(layout, 16) == 0 or len(part.request.attributes) == 1
+    first = widen(stacked[0])
+    assert [sum((p.values[j] for p in first), ()) for j in range(2)] == list(stacked[0].values)
+    assert sum((p.request.attributes for p in first), ()) == request.attributes
+    report = train(model, tokenizer, products, [], attributes, config)
+    assert report.examples_per_epoch == [len(parts)] and report.steps == report.planned_steps
+    assert widener(model, tokenizer, dataclasses.replace(config, decoder="ar")) is None
+    assert widener(model, tokenizer, dataclasses.replace(config, skeleton="after-products")) is None
+    assert widener(tiny_model("llama", len(tokenizer)), tokenizer, config) is None
