@@ -315,6 +315,12 @@ def train(
     state = checkpoint.load(checkpoint_dir) if resume and checkpoint_dir is not None else None
     if state is not None:
         start_epoch, start_micro, epoch_rng_state = checkpoint.restore(state, model, optimizer, scheduler, report)
+        if report.examples_per_epoch and report.examples_per_epoch != examples_per_epoch:
+            raise ValueError(f"the checkpoint in {checkpoint_dir} was planned as {_join(report.examples_per_epoch)} "
+                             f"training prompts per epoch, and this version plans {_join(examples_per_epoch)}: it "
+                             "lays the prompts out otherwise (since 2026-11-30 a prompt wider than the model's "
+                             "sliding window trains as attribute groups), so resuming would train another schedule; "
+                             "finish the run with the version that started it, or start it over")
         log.info("resumed at step %d (epoch %d, micro-batch %d)", report.steps, start_epoch, start_micro)
     else:
         report.val_losses.append(mean_loss(model, tokenizer, val_feats, config.batch_size))

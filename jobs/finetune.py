@@ -304,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from hpd_core import finetune
+    from hpd_core import finetune, prompts
     from hpd_core.models import bare_model_name, check_device, emulated_dtype_warning, load_model
     from training import data as gold
     from training import examples
@@ -389,6 +389,7 @@ def _train(args: argparse.Namespace) -> int:
         "model": asdict(model_config),
         "init_adapter": init_adapter,  # --init-adapter resolved: the directory the LoRA started from
         "targets": "teacher" if args.teacher else "gold",
+        "prompt_format": prompts.PROMPT_FORMAT,  # how its prompts were laid out (3: wide ones as attribute groups)
         "sources": {k: str(v) for k, v in asdict(sources).items()},
         "data": {**data.stats, "train_products": len(train_products), "val_products": len(val_products)},
         "report": {**asdict(report), "seconds_per_step": report.seconds_per_step},

@@ -537,3 +537,27 @@ def test_training_prompts_wider_than_the_window_train_as_the_engine_decodes_them
     assert widener(model, tokenizer, dataclasses.replace(config, decoder="ar")) is None
     assert widener(model, tokenizer, dataclasses.replace(config, skeleton="after-products")) is None
     assert widener(tiny_model("llama", len(tokenizer)), tokenizer, config) is None
+
+
+def test_a_checkpoint_planned_otherwise_is_not_resumed(tokenizer, tmp_path, monkeypatch):
+    """A run checkpointed by a version that laid its prompts out otherwise (here: before wide
+    prompts trained as attribute groups) is refused on resume, not continued on another schedule
+    (helper-45: the plan was silently replaced, [4, 4] then [24, 24] prompts)."""
+    from hpd_core import finetune
+
+    rng = random.Random(4)
+    request = random_request(rng, 1, 6)
+    products = [Labeled(request.category, Product(f"p{i}", random_text(rng, 4)),
+                        tuple(rng.choice([None, "red"]) for _ in range(6))) for i in range(8)]
+    attributes = {request.category: request.attributes}
+    config = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None, max_value_tokens=K_MAX, epochs=2, grad_accum=1,
+                         lora_rank=4, lr=1e-3, log_every=100)
+    unsplit = monkeypatch.context()
+    with unsplit as m:
+        m.setattr(finetune, "widener", lambda model, tokenizer, config: None)  # the version before
+        model = prepare_model(tiny_model("gemma3", len(tokenizer)), config)
+        report = train(model, tokenizer, products, [], attributes, config, tmp_path, stop_after_steps=2)
+    assert report.examples_per_epoch == [4, 4]
+    model = prepare_model(tiny_model("gemma3", len(tokenizer)), config)
+    with pytest.raises(ValueError, match=r"planned as 4, 4 training prompts per epoch, and this version plans \d+"):
+        train(model, tokenizer, products, [], attributes, config, tmp_path, resume=True)

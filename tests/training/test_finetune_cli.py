@@ -161,6 +161,9 @@ def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
     assert len(record["report"]["val_losses"]) == 3  # before training and after each epoch
     assert all(v is not None for v in record["report"]["val_losses"])
     assert record["targets"] == "gold" and record["args"]["docs_per_prompt"] == 2
+    from hpd_core import prompts
+
+    assert record["prompt_format"] == prompts.PROMPT_FORMAT  # how its prompts were laid out
     assert (out / "adapter_config.json").is_file()
     assert not (out / "checkpoint").exists()  # removed once the run completed
     # the held-out products, as an `hpd convert` folder to extract and evaluate on
