@@ -22,19 +22,21 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from hpd_core.batching import error_result
-from hpd_core.layout import INTERLEAVED, Layout
+from hpd_core.layout import Layout
 from hpd_core.types import Request, Result
+
 
 def ranges(layout: Layout, window: int | None) -> list[tuple[int, int]]:
     """Consecutive attribute ranges ``[start, end)`` whose first value tokens all lie less than
     ``window`` positions after the product's text, were the range's first key the product's first
     (read off the first product's anchors and ``key_tails``; every product's keys are the same
-    tokens). One range for a layout that fits; a single attribute is a
-    range of its own even where its own key is wider than the window."""
+    tokens). One range for a layout that fits, and for one of the after-products skeleton (no
+    ``key_tails``: its keys follow all the products, so no group would bring them near their text);
+    a single attribute is a range of its own even where its own key is wider than the window."""
     n = layout.num_attributes
-    if window is None:
+    if window is None or not layout.key_tails:
         return [(0, n)]
-    anchors, tails = layout.anchor_pos[:n], layout.key_tails or (0,) * n
+    anchors, tails = layout.anchor_pos[:n], layout.key_tails
     out, start = [], 0
     for b in range(1, n):
         if anchors[b] + 1 - anchors[start] + tails[start] >= window:  # from the text, before the group's first key
@@ -116,14 +118,14 @@ def merged(original: Request, parts: list[tuple[int, Result]]) -> Result:
     )
 
 
-def split(requests: list[Request], layouts: list[Layout], window: int | None, skeleton: str,
+def split(requests: list[Request], layouts: list[Layout], window: int | None,
           prepare: Callable[[list[Request]], list[Layout]], forced: list | None = None) -> Split:
     """Each request whose layout passes ``window`` as requests over its attribute groups (laid out
-    by ``prepare``); the others as they are. Only the interleaved skeleton is split. ``forced[r][s]``
-    (teacher forcing, product-major slots) is split alike."""
+    by ``prepare``); the others as they are. Only the interleaved skeleton is split (``ranges``).
+    ``forced[r][s]`` (teacher forcing, product-major slots) is split alike."""
     out_requests, out_layouts, whole, start, out_forced = [], [], [], [], []
     for i, (request, layout) in enumerate(zip(requests, layouts)):
-        cut = ranges(layout, window) if skeleton == INTERLEAVED else [(0, layout.num_attributes)]
+        cut = ranges(layout, window)
         n = layout.num_attributes
         if len(cut) == 1:
             out_requests.append(request)

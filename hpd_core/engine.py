@@ -77,7 +77,7 @@ class HPDDecoder(BatchedDecoder):
         layouts = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
         # a prompt too wide for the sliding window, as prompts over its attribute groups
-        wide = attribute_groups.split(requests, layouts, self.window, self.config.skeleton, self.prepare, forced)
+        wide = attribute_groups.split(requests, layouts, self.window, self.prepare, forced)
         requests, layouts, forced = wide.requests, wide.layouts, wide.forced
 
         def run(indices: list[int]) -> list[Result]:

@@ -72,7 +72,7 @@ class ReferenceDecoder(BatchedDecoder):
     def decode(self, requests: list[Request], prepared: list[Layout] | None = None) -> list[Result]:
         layouts = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
-        wide = attribute_groups.split(requests, layouts, self.window, self.config.skeleton, self.prepare)  # as HPD splits them
+        wide = attribute_groups.split(requests, layouts, self.window, self.prepare)  # as HPD splits them
         return wide.merge(self.decode_in_batches(
             wide.requests, wide.layouts, lambda indices: [self.decode_one(wide.requests[i], generator, wide.layouts[i])
                                                           for i in indices]
