@@ -372,11 +372,13 @@ def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
     """On CUDA, float32, with fixed steps (auto, for small batches) and packed ones (what auto
     picks for heavy batches), the layers' MLPs, norms and rotary embeddings compiled
     (compile_layers="on"; steps recorded as CUDA graphs keep them eager): HPD and the baseline ==
-    their CPU oracles."""
+    their CPU oracles. One prompt of 8 attributes passes the sliding window of the last three
+    architectures, so there HPD decodes it as attribute groups (hpd_core/attribute_groups.py), as
+    the oracle does."""
     from .conftest import parts_at_a_tie, slots_part_at_a_tie, tiny_model
 
     rng = random.Random(30)
-    requests = category_requests(rng, 3)
+    requests = category_requests(rng, 3) + [random_request(rng, 2, 8)]
     config = DecodeConfig(max_value_tokens=6, max_batch_size=2, step_shape=step_shape, compile_layers="on")
     cpu_model = tiny_model(arch, len(tokenizer))
     gpu_model = tiny_model(arch, len(tokenizer)).cuda()
@@ -386,6 +388,7 @@ def test_cuda_steps_equal_the_cpu_oracle(tokenizer, arch, step_shape):
     hpd = make_decoder("hpd", gpu_model, tokenizer, config)
     gpu = hpd.decode(requests)
     assert hpd.runner.compiled is not None and not hpd.runner.compiled.failed
+    assert ("groups" in gpu[-1].extra) == (hpd.window is not None)
     for request, a, b in zip(requests, gpu, reference.decode(requests)):
         slots_part_at_a_tie(reference, request, a.extra["slot_tokens"], b.extra["slot_tokens"])
     ar_reference = AutoregressiveReference(cpu_model, tokenizer, config)
