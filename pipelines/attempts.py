@@ -16,6 +16,10 @@ running (``running``: not ended, refreshed within the last ``3 x heartbeat_secon
 same host and in the same PID namespace, its process still there) gives way once that one shows a
 sign of life (a refresh), and goes on once its record goes stale (``await_quiet``). Each writes its record first and looks second, so
 of two started together at least the later one sees the other (both may give way; neither runs).
+An attempt whose own record went unrefreshed that long (its driver paused, its store unreachable)
+may have been taken over so: its next refresh looks first, and finding another attempt running it
+stops refreshing and gives way (``Heartbeat.lost``; the job checks ``Heartbeat.check`` as chunks
+commit), instead of running beside the one that took over.
 """
 
 from __future__ import annotations
@@ -209,10 +213,20 @@ def await_quiet(output: str, mine: Attempt | None, heartbeat_seconds: float, pol
 
 
 class Heartbeat:
-    """Refresh an attempt's record every ``seconds`` in a thread; ``stop`` refreshes it once more."""
+    """Refresh an attempt's record every ``seconds`` in a thread; ``stop`` refreshes it once more.
+
+    A refresh that comes more than ``LAPSE`` heartbeats after the record was last written (the
+    process was paused, or the store could not be written) first looks for another attempt running
+    on the output: one that waited out this attempt's silent record and took the output over. If
+    there is one, this attempt has lost its lease: ``lost`` names the other, the record is no
+    longer refreshed (until ``stop`` marks it ended), and ``check`` raises."""
+
+    LAPSE = 2  # heartbeats; another attempt takes over after 3 (``running``), by its own clock
 
     def __init__(self, output: str, attempt: Attempt, seconds: float) -> None:
         self.output, self.attempt, self.seconds = output, attempt, seconds
+        self.lost: Attempt | None = None
+        self._written_at = time.time()  # the record's last successful write (``begin`` wrote it)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # ``sized`` from the job's thread, refreshes from this one
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -227,10 +241,30 @@ class Heartbeat:
         # a missed refresh only shortens this attempt's recorded time if the run is killed later
         with self._lock:
             try:
-                self.attempt = refresh(self.output, self.attempt)
+                if self.lost is None and time.time() - self._written_at > self.LAPSE * self.seconds:
+                    self._look_for_a_taker()
+                if self.lost is None or self.attempt.ended:
+                    self.attempt = refresh(self.output, self.attempt)
+                    self._written_at = time.time()
             except Exception as err:
                 self.attempt = replace(self.attempt, updated_at=time.time())  # the report still counts it
                 log.warning("could not refresh the attempt record: %s: %s", type(err).__name__, err)
+
+    def _look_for_a_taker(self) -> None:
+        if others := running(self.output, self.attempt, self.seconds):
+            self.lost = others[-1]
+            host, pid = _host_and_pid(self.lost.name)
+            log.warning("this attempt's record on %s was not refreshed for %.0f s (the process paused, or the store not "
+                        "written), and attempt %s (host %s, pid %s) took the output over: this attempt gives way",
+                        self.output, time.time() - self._written_at, self.lost.name, host, pid)
+
+    def check(self) -> None:
+        """Raise ``ValueError`` once this attempt has lost its lease to another (see the class)."""
+        if (other := self.lost) is not None:
+            host, pid = _host_and_pid(other.name)
+            raise ValueError(f"this attempt lost its lease on {self.output}: its record was not refreshed in time (the "
+                             f"process paused, or the store not written), and attempt {other.name} (host {host}, pid "
+                             f"{pid}) took the output over and goes on with the job; this one stops")
 
     def sized(self, device: str, devices: float, price_per_hour: float) -> None:
         """The devices the attempt's actors compute on, once they are sized (written next refresh)."""

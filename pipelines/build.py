@@ -307,10 +307,12 @@ def _committed(manifests: tuple[str, ...], cpus: float, run_id: str) -> Stats:
     return stats
 
 
-def _stream(ds: ray.data.Dataset, line: ProgressLine) -> Stats:
-    """Drive the pipeline: sum each committed chunk's counters, feed the progress line."""
+def _stream(ds: ray.data.Dataset, line: ProgressLine, heartbeat: attempts.Heartbeat) -> Stats:
+    """Drive the pipeline: sum each committed chunk's counters, feed the progress line; stop
+    (``ValueError``) once another attempt has taken the output over (``Heartbeat.check``)."""
     stats = Stats()
     for row in ds.iter_rows():
+        heartbeat.check()
         chunk = json.loads(row["stats"])
         stats.add(chunk)
         line.committed_chunk(row["chunk"], int(chunk["rows_in"]))
@@ -501,6 +503,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             to_do = [shard for shard in planned if not state.complete(shard.shard_id)]
             request_gpus(resources, chunks_at_least(to_do, prepare.read))
         index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
+        heartbeat.check()
         todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
         shards = [
             dict(asdict(shard), skip=sorted(state.done.get(shard.shard_id, ())), index=idindex.to_json(shard_index))
@@ -530,7 +533,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
                 finished = False
                 try:
                     ds = build_dataset(shards, prepare, extract, output, sizing, resources, counter)
-                    this_run = _stream(ds, line)
+                    this_run = _stream(ds, line, heartbeat)
                     finished = True
                 finally:
                     line.stop(final=finished)
@@ -538,6 +541,7 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
             release_gpus(resources)  # first: a slow or failed clean-up must not keep the GPU nodes up
             ray.kill(counter)
             attempt = heartbeat.stop()
+        heartbeat.check()  # the report is the owner's to write
         total = previous.merged(this_run)
         meta = _meta(prepare, extract, output, skip_existing)
         result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)

@@ -281,6 +281,48 @@ def test_a_heartbeat_survives_a_store_that_fails_with_any_error(tmp_path, monkey
     assert "could not refresh the attempt record: ClientError: SlowDown" in caplog.text
 
 
+def test_an_attempt_whose_record_lapsed_gives_way_to_the_one_that_took_over(tmp_path, monkeypatch, caplog):
+    """An attempt paused (SIGSTOP) or cut off from its store for over 3 heartbeats looks stale to a
+    new attempt, which takes the output over; when the first comes back it used to go on beside
+    the new one and redo its chunks (helper-47, session 55). Now its next refresh looks first: with
+    another attempt running it stops refreshing, and ``check`` raises; with none, it goes on."""
+    output, hb = str(tmp_path / "out"), 0.05
+    mine = attempts.begin(output, "cpu", 2, 0.0425, started_at=time.time())
+    cut_off = True
+    store = attempts.refresh
+
+    def refresh(out, attempt):
+        if cut_off:
+            raise OSError("the store cannot be reached")
+        return store(out, attempt)
+
+    monkeypatch.setattr(attempts, "refresh", refresh)
+    heartbeat = attempts.Heartbeat(output, mine, seconds=hb)
+    time.sleep(4 * hb)  # lapsed, and nobody took over: it refreshes again once the store is back
+    cut_off = False
+    time.sleep(4 * hb)
+    assert heartbeat.lost is None and attempts.load_all(output)[0].updated_at > mine.updated_at
+    heartbeat.check()
+
+    cut_off = True
+    time.sleep(4 * hb)
+    now = time.time()  # another attempt waited out the silent record and runs
+    taker = attempts.Heartbeat(output, attempts.save(output, attempts.Attempt(
+        f"{int(now * 1000):015d}-other-host-9", now, now, "gpu", 1, 3.77)), seconds=hb)
+    try:
+        silent = attempts.load_all(output)[0].updated_at
+        cut_off = False
+        time.sleep(4 * hb)
+        assert heartbeat.lost is not None and heartbeat.lost.name.endswith("-other-host-9")
+        assert attempts.load_all(output)[0].updated_at == silent  # it no longer refreshes
+        with pytest.raises(ValueError, match="lost its lease .*-other-host-9 .*took the output over"):
+            heartbeat.check()
+        assert "took the output over: this attempt gives way" in caplog.text
+        assert heartbeat.stop().ended and attempts.load_all(output)[0].ended  # its time still counts
+    finally:
+        taker.stop()
+
+
 def test_an_overwrite_deletes_under_a_lease_that_an_attempt_starting_meanwhile_respects(tmp_path, monkeypatch):
     """--overwrite used to delete without a record of its own: an attempt started during a long (S3)
     delete found nobody running, and the rest of the delete took its files (helper-29, session 51)."""
