@@ -224,6 +224,7 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     resumed = same and not args.overwrite and not complete
     if resumed:  # a finished job is only reported, whoever finished it
         check_prompt_format(existing, arguments, output)
+        commit.check_open(output)
     # a file rewritten in place to the same size keeps its shards (a size that changed is refused
     # when the job's id index is read); its modification time is the first sign, and copying or
     # touching a file changes it too, so this is a warning (none for jobs from before the digest);

@@ -478,6 +478,7 @@ def begin_attempt(output: commit.OutputConfig, resources: ResourceConfig, report
         attempts.await_quiet(output.uri, attempt, progress.heartbeat_seconds)
         if claimed:
             commit.check_claim(output.uri, output.run_id)
+            commit.check_open(output.uri)  # after its record: a --skip-existing job closing it now sees it
     except BaseException:
         attempts.remove(output.uri, heartbeat.stop(write=False))
         raise

@@ -157,6 +157,32 @@ def check_claim(output: str, run_id: str) -> None:
                          "use a new --output")
 
 
+CLOSED = "_closed.json"  # an unfinished output whose remaining products a later --skip-existing job took over
+
+
+def close(output: str, by: str) -> bool:
+    """Mark the unfinished job in ``output`` closed: ``by``, a later job run with --skip-existing,
+    skips the products it committed and extracts the rest itself, so resuming it would write those
+    twice (``check_open``). True if this call wrote the mark (False: it was closed before)."""
+    marker = io.join(output, CLOSED)
+    if io.exists(marker):
+        return False
+    io.write_json(marker, {"by": by, "at": time.time()})
+    return True
+
+
+def check_open(output: str) -> None:
+    """``ValueError`` if the job in ``output`` was closed by a later --skip-existing job (``close``)."""
+    marker = io.join(output, CLOSED)
+    if io.exists(marker):
+        closed = io.read_json(marker)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(closed.get("at", 0)))
+        raise ValueError(f"the job in {output} is closed: `hpd extract --skip-existing` for {closed.get('by')} found it "
+                         f"unfinished on {when} and took over the products it had not committed; resuming it would "
+                         "write those twice. Its committed values stand as they are; --overwrite starts it over (its "
+                         "products are then in both outputs)")
+
+
 def _deletion_rank(name: str) -> int:
     """The order a job's files are deleted in: the report and the commit manifests first (an output
     whose delete was interrupted must not pass for a finished job, nor count chunks whose files are

@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
-from pipelines import commit, dedup, io, reader
+from pipelines import attempts, commit, dedup, io, reader
 from pipelines.idruns import FINE_BITS, FINE_PARTITIONS, read_slots
 from pipelines.idtasks import GATHER_VERDICTS, MAP_MANIFESTS, MAP_SHARDS, REDUCE_INTERVAL, Run, id_run, ranges
 
@@ -133,6 +133,8 @@ def find_earlier(prefix: str, exclude: str) -> EarlierIds:
             build = io.join(root, INDEX_DIR, index["build"])
             id_runs += [id_run(io.join(build, f["uri"]), f["lo"], f["hi"], f["counts"], f["offsets"]) for f in index["ids"]]
         else:
+            if not io.exists(io.join(root, "_report.json")):
+                close_unfinished(root, own)
             manifests += commit.scan(root).manifests
     if outputs:
         log.info("--skip-existing: %d earlier outputs under %s (%d id files, %d manifests)", len(outputs), prefix,
@@ -140,6 +142,23 @@ def find_earlier(prefix: str, exclude: str) -> EarlierIds:
     else:  # e.g. the first nightly run: nothing done yet
         log.warning("--skip-existing %s: no earlier output there; nothing to skip", prefix)
     return EarlierIds(tuple(outputs), tuple(id_runs), tuple(manifests))
+
+
+def close_unfinished(root: str, own: str) -> None:
+    """Close the unfinished job in ``root``, whose committed products this job (``own``) skips and
+    whose remaining ones it extracts: resuming it afterwards would write those twice
+    (``commit.close``). Refused (``ValueError``, the mark taken back) while an attempt works on it:
+    it would commit more meanwhile. Marked first and looked second, as its attempts record first
+    and look second (``build.begin_attempt``), so of the two at least one sees the other."""
+    wrote = commit.close(root, own)
+    if others := attempts.running(root, None, attempts.HEARTBEAT_SECONDS):
+        if wrote:
+            io.delete_if_exists(io.join(root, commit.CLOSED))
+        raise ValueError(f"--skip-existing: the unfinished job in {root} is being extracted now (attempt "
+                         f"{others[-1].name}); wait for it to end, then run this again")
+    if wrote:
+        log.warning("--skip-existing: the job in %s is unfinished: its committed products are skipped, the rest are "
+                    "extracted here, and it is closed (a resume of it is refused: it would write them twice)", root)
 
 
 def group_bytes(shards: list[reader.Shard], map_bytes: int, cpus: float) -> int:
