@@ -262,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     from jobs.config import from_args
     from pipelines import commit, io
     from pipelines.dryrun import DRY_RUN
+    from pipelines.report import ensure_markdown
 
     quiet.configure_logging(args.verbose)
     config = from_args(args)  # user errors (ValueError, OSError) are reported by jobs.cli
@@ -290,6 +291,7 @@ def run(args: argparse.Namespace) -> int:
     output = config.output.uri
     if plan.complete:
         report = io.read_json(io.join(output, "_report.json"))
+        ensure_markdown(output, report)
         print(f"run {config.output.run_id} is already complete in {output}: nothing to do "
               "(--overwrite starts it over)", file=sys.stderr)
         print(_summary(report, output))
