@@ -34,6 +34,9 @@ default; past that, a single fine partition holds more than ``ids_per_partition`
 Resume. ``_index.json`` is written after every file it names and before any chunk is processed. A
 resumed run reads it and no ids; an index that was not finished is built again (no chunk can have
 been committed), into a new ``<build>`` directory so that a killed attempt's late writes cannot mix in.
+Once ``_index.json`` names a build, the other ``<build>`` directories (killed builds', each up to a copy
+of the input's ids) are deleted, by the attempt that holds the output's lease (pipelines/attempts.py:
+one at a time), and again by every resumed attempt (a killed attempt's tasks may have written late).
 """
 
 from __future__ import annotations
@@ -188,7 +191,21 @@ def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> 
     if [s["shard_id"] for s in index["shards"]] != [s.shard_id for s in shards]:
         raise ValueError(f"the input of {output_uri} changed since this run started (its files or sizes differ); "
                          "use a new --output")
+    delete_stale_builds(output_uri, index["build"])
     return _shard_indexes(index, io.join(directory, index["build"]))
+
+
+def delete_stale_builds(output_uri: str, live: str) -> None:
+    """Delete every ``_dedup/<build>/`` but ``live`` (the one ``_index.json`` names): builds that killed
+    attempts left unfinished. Only called by the attempt that holds the output's lease, so no other
+    attempt builds an index there meanwhile."""
+    fs, path = io.filesystem(io.join(output_uri, INDEX_DIR))
+    for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory and info.base_name != live:
+            try:
+                fs.delete_dir(info.path)
+            except FileNotFoundError:
+                pass
 
 
 def _shard_indexes(index: dict, build: str) -> list[ShardIndex]:
@@ -281,6 +298,7 @@ def build_index(
         "seconds": round(time.time() - started, 3),
     }
     io.write_json(io.join(output_uri, INDEX_DIR, MARKER), index)
+    delete_stale_builds(output_uri, name)
     for uri in [run.uri for run in runs + mapped_earlier] + [io.join(build, r["verdicts"]) for r in reduced if r["verdicts"]]:
         io.delete_if_exists(uri)  # the maps' runs and the intervals' verdicts: all gathered
     log.info("id index: %d intervals, %d duplicates, %d rows already in earlier outputs (%.1f s)", len(intervals),
