@@ -253,7 +253,9 @@ def test_an_input_changed_since_the_index_is_refused(dup_job, tmp_path, capsys):
     with open(tmp_path / "in" / "b.jsonl", "a") as out:
         out.write(json.dumps({"product_id": "new", "category": "Tea", "title": "new"}) + "\n")
     assert run_extract(dup_job["argv"]) == 2
-    assert "changed since this run started" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--input changed since the job in {dup_job['output']} started: {tmp_path / 'in' / 'b.jsonl'} added" in err
+    assert "use a new --output, or --overwrite to start the job over" in err
 
 
 def test_an_input_changed_in_place_to_the_same_size_is_named_in_a_warning(dup_job, tmp_path, capsys):
