@@ -190,6 +190,7 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
 
     from jobs import quiet
     from pipelines.build import run_job
+    from pipelines.idindex import InputChangedError
 
     quiet.quiet_ray_data(args.verbose)
     started = time.time()  # the attempt's time (and cost) counts Ray's start: 8-12 s on a 2-core machine
@@ -215,7 +216,10 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
                 started=started,
             )
     except ray.exceptions.RayError as err:  # a task or actor failed for good: its cause, in one line
-        raise CommandFailed(f"{failure_line(err, config.resources.actor_restarts)}; {INTERRUPTED}") from err
+        line = failure_line(err, config.resources.actor_restarts)
+        if line.startswith(f"{InputChangedError.__name__}:"):  # says what to do; running it again fails alike
+            raise CommandFailed(line) from err
+        raise CommandFailed(f"{line}; {INTERRUPTED}") from err
 
 
 MEMORY_ADVICE = ("Out of memory is the usual cause: fewer actors per node (--max-actors), smaller --chunk-rows or "
@@ -262,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
     from jobs.config import from_args
     from pipelines import commit, io
     from pipelines.dryrun import DRY_RUN
+    from pipelines.report import ensure_markdown
 
     quiet.configure_logging(args.verbose)
     config = from_args(args)  # user errors (ValueError, OSError) are reported by jobs.cli
@@ -290,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
     output = config.output.uri
     if plan.complete:
         report = io.read_json(io.join(output, "_report.json"))
+        ensure_markdown(output, report)
         print(f"run {config.output.run_id} is already complete in {output}: nothing to do "
               "(--overwrite starts it over)", file=sys.stderr)
         print(_summary(report, output))

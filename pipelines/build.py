@@ -33,7 +33,7 @@ from pipelines.dryrun import DRY_RUN, DryRunDecoder
 from pipelines.extract_stage import ExtractConfig, ExtractStage
 from pipelines.prepare import PrepareConfig, prepare_shards
 from pipelines.progress import ProgressConfig, ProgressCounter, ProgressLine
-from pipelines.report import ReportConfig, Stats, build_report, write_report
+from pipelines.report import ReportConfig, Stats, build_report, ensure_markdown, write_report
 
 log = logging.getLogger("hpd.extract")
 
@@ -497,7 +497,9 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
     if all(state.complete(shard.shard_id) for shard in planned) and io.exists(report_uri):
         log.info("run %s is complete; nothing to do", output.run_id)
         attempts.remove(output.uri, heartbeat.stop())  # it did no work
-        return io.read_json(report_uri)
+        result = io.read_json(report_uri)
+        ensure_markdown(output.uri, result)
+        return result
     check_cluster(ray.cluster_resources(), resources)  # before the id index's tasks ask for CPUs
     try:  # from the request for GPUs on, withdrawn however the job ends (an autoscaler keeps a request)
         if resources.device == "gpu":  # its GPU nodes start while the index is built (on their CPUs)

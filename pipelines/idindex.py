@@ -34,6 +34,9 @@ default; past that, a single fine partition holds more than ``ids_per_partition`
 Resume. ``_index.json`` is written after every file it names and before any chunk is processed. A
 resumed run reads it and no ids; an index that was not finished is built again (no chunk can have
 been committed), into a new ``<build>`` directory so that a killed attempt's late writes cannot mix in.
+Once ``_index.json`` names a build, the other ``<build>`` directories (killed builds', each up to a copy
+of the input's ids) are deleted, by the attempt that holds the output's lease (pipelines/attempts.py:
+one at a time), and again by every resumed attempt (a killed attempt's tasks may have written late).
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ log = logging.getLogger("hpd.extract")
 INDEX_DIR = "_dedup"
 MARKER = "_index.json"
 MANIFESTS_PER_TASK = 256
+START_OVER = "use a new --output, or --overwrite to start the job over"  # when its input changed: no resume
+
+
+class InputChangedError(RuntimeError):
+    """The input's rows are not those the id index read: resuming cannot help (``hpd extract`` says
+    so instead of its advice to run the same command again)."""
 
 
 @dataclass(frozen=True)
@@ -205,9 +214,34 @@ def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> 
         return None
     index = io.read_json(io.join(directory, MARKER))
     if [s["shard_id"] for s in index["shards"]] != [s.shard_id for s in shards]:
-        raise ValueError(f"the input of {output_uri} changed since this run started (its files or sizes differ); "
-                         "use a new --output")
+        raise ValueError(f"--input changed since the job in {output_uri} started: {_changed_files(index, shards)}; "
+                         f"resuming would mix two inputs: {START_OVER}")
+    delete_stale_builds(output_uri, index["build"])
     return _shard_indexes(index, io.join(directory, index["build"]))
+
+
+def _changed_files(index: dict, shards: list[reader.Shard]) -> str:
+    """The files whose shards are not those of the index (added or resized, or removed where the index
+    names its shards' files: not before 2026-11-30), in words."""
+    known, now = {s["shard_id"] for s in index["shards"]}, {s.shard_id for s in shards}
+    files = sorted({s.uri for s in shards if s.shard_id not in known}
+                   | {s["uri"] for s in index["shards"] if s["shard_id"] not in now and "uri" in s})
+    if not files:
+        return "a file was removed or the files were reordered"
+    return f"{', '.join(files[:3])}{f' and {len(files) - 3} more' if len(files) > 3 else ''} added, removed or resized"
+
+
+def delete_stale_builds(output_uri: str, live: str) -> None:
+    """Delete every ``_dedup/<build>/`` but ``live`` (the one ``_index.json`` names): builds that killed
+    attempts left unfinished. Only called by the attempt that holds the output's lease, so no other
+    attempt builds an index there meanwhile."""
+    fs, path = io.filesystem(io.join(output_uri, INDEX_DIR))
+    for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory and info.base_name != live:
+            try:
+                fs.delete_dir(info.path)
+            except FileNotFoundError:
+                pass
 
 
 def _shard_indexes(index: dict, build: str) -> list[ShardIndex]:
@@ -289,7 +323,7 @@ def build_index(
                 verdicts[starts[g] + n].append((result["verdicts"], int(offsets[n]), int(offsets[n + 1])))
     index = {
         "build": name,
-        "shards": [{"shard_id": s.shard_id, "rows": n, "verdicts": v, "digests": d}
+        "shards": [{"shard_id": s.shard_id, "uri": s.uri, "rows": n, "verdicts": v, "digests": d}
                    for s, n, v, d in zip(shards, rows, verdicts, digests)],
         "ids": [r["ids"] for r in reduced if r["ids"]],  # their slots [lo, hi): counts and byte offsets
         "fine_bits": FINE_BITS,
@@ -300,6 +334,7 @@ def build_index(
         "seconds": round(time.time() - started, 3),
     }
     io.write_json(io.join(output_uri, INDEX_DIR, MARKER), index)
+    delete_stale_builds(output_uri, name)
     for uri in [run.uri for run in runs + mapped_earlier] + [io.join(build, r["verdicts"]) for r in reduced if r["verdicts"]]:
         io.delete_if_exists(uri)  # the maps' runs and the intervals' verdicts: all gathered
     log.info("id index: %d intervals, %d duplicates, %d rows already in earlier outputs (%.1f s)", len(intervals),

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pipelines import io, reader
 from pipelines.commit import chunk_key, mark_shard_read
 from pipelines.dedup import Verdict
-from pipelines.idindex import from_json, shard_verdicts
+from pipelines.idindex import START_OVER, InputChangedError, from_json, shard_verdicts
 from pipelines.schema import Accepted, AttributeSchema, ValidationConfig, record_id, validate_record
 from pipelines.stacking import NO_STACK, StackingConfig, assign_stacks
 
@@ -146,8 +146,9 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]
                 continue
             key, digest = chunk_key(shard.shard_id, i), reader.chunk_digest(records)
             if index.digests and (i >= len(index.digests) or index.digests[i] != digest):
-                raise RuntimeError(f"the rows of chunk {key} ({shard.uri}) are not those the id index read when the "
-                                   "job began: the input changed under the job; use a new --output")
+                raise InputChangedError(f"the rows of chunk {key} ({shard.uri}) are not those the id index read when "
+                                        f"the job began: the input changed under the job; resuming would mix two "
+                                        f"inputs: {START_OVER}")
             if i in skip:  # committed by an earlier attempt, and the same rows
                 continue
             rows = prepare_chunk(records, config, verdicts)

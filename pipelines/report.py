@@ -231,5 +231,16 @@ def render_markdown(report: dict) -> str:
 
 
 def write_report(output_uri: str, report: dict) -> None:
-    io.write_json(io.join(output_uri, "_report.json"), report)
+    """``_report.md``, then ``_report.json``: the JSON marks the job finished (a re-run does nothing), so
+    it is written last; a kill between the two leaves a job that is not yet finished, not one without
+    its ``_report.md``."""
     io.write_bytes(io.join(output_uri, "_report.md"), render_markdown(report).encode())
+    io.write_json(io.join(output_uri, "_report.json"), report)
+
+
+def ensure_markdown(output_uri: str, report: dict) -> None:
+    """Write a finished job's ``_report.md`` again from its ``_report.json`` if it is missing (a job
+    killed between the two by a version that wrote the JSON first)."""
+    markdown = io.join(output_uri, "_report.md")
+    if not io.exists(markdown):
+        io.write_bytes(markdown, render_markdown(report).encode())

@@ -158,7 +158,10 @@ def test_empty_input_is_a_finished_job_of_zero_products_without_ray_or_a_model(t
     out = capsys.readouterr().out
     assert "0 rows in, 0 products out" in out and "rejected rows:    none" in out
     assert "$None" not in (output / "_report.md").read_text()
+    markdown = (output / "_report.md").read_text()
+    (output / "_report.md").unlink()  # killed between _report.json and _report.md (by a version that wrote them so)
     assert run_extract(argv) == 0 and "already complete" in capsys.readouterr().err
+    assert (output / "_report.md").read_text() == markdown  # written again from _report.json
 
 
 def test_unknown_model_fails_in_one_line_before_ray(tmp_path, no_ray, capsys):

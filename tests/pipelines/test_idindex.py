@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,9 +211,12 @@ def test_a_duplicate_keeps_its_owner_across_a_resume(dup_job, lost, recwarn):
     key = "owned_ids" if lost == "owner" else "rejected_ids"
     io.delete_if_exists(_manifest_with(dup_job["output"], key, "dup"))
     io.delete_if_exists(io.join(dup_job["output"], "_report.json"))
+    stale = io.join(dup_job["output"], INDEX_DIR, "0123456789ab", "map", "run.parquet")  # a killed task's late write
+    io.write_bytes(stale, b"late")
     assert run_extract(dup_job["argv"]) == 0
     result = io.read_json(io.join(dup_job["output"], "_report.json"))
     assert result["resumed"] and result["this_run"]["chunks"] == 1
+    assert _builds(dup_job["output"]) == [index_before["build"]]
     assert not [w for w in recwarn if "maximum number of concurrent tasks" in str(w.message)]
     assert io.read_json(io.join(dup_job["output"], INDEX_DIR, MARKER)) == index_before
     _check_dup_owned_by_first(dup_job)
@@ -226,9 +230,16 @@ def test_an_unfinished_index_is_built_again(dup_job):
         shutil.rmtree(io.join(output, name))
     for name in ("_report.json", "_report.md", f"{INDEX_DIR}/{MARKER}"):
         io.delete_if_exists(io.join(output, name))
+    io.write_bytes(io.join(output, INDEX_DIR, "0123456789ab", "map", "run.parquet"), b"killed earlier, mid-map")
     assert run_extract(dup_job["argv"]) == 0
-    assert io.read_json(io.join(output, INDEX_DIR, MARKER))["build"] != old
+    new = io.read_json(io.join(output, INDEX_DIR, MARKER))["build"]
+    assert new != old
+    assert _builds(output) == [new]  # the unfinished builds' folders are deleted once the new one is live
     _check_dup_owned_by_first(dup_job)
+
+
+def _builds(output: str) -> list[str]:
+    return sorted(p.name for p in (Path(output) / INDEX_DIR).iterdir() if p.is_dir())
 
 
 def test_committed_chunks_without_an_index_are_refused(dup_job, capsys):
@@ -242,7 +253,9 @@ def test_an_input_changed_since_the_index_is_refused(dup_job, tmp_path, capsys):
     with open(tmp_path / "in" / "b.jsonl", "a") as out:
         out.write(json.dumps({"product_id": "new", "category": "Tea", "title": "new"}) + "\n")
     assert run_extract(dup_job["argv"]) == 2
-    assert "changed since this run started" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--input changed since the job in {dup_job['output']} started: {tmp_path / 'in' / 'b.jsonl'} added" in err
+    assert "use a new --output, or --overwrite to start the job over" in err
 
 
 def test_an_input_changed_in_place_to_the_same_size_is_named_in_a_warning(dup_job, tmp_path, capsys):

@@ -6,7 +6,8 @@ import pytest
 
 from pipelines import attempts
 from pipelines.build import ActorSizing
-from pipelines.report import ReportConfig, Stats, build_report, render_markdown
+from pipelines import report as report_module
+from pipelines.report import ReportConfig, Stats, build_report, render_markdown, write_report
 
 META = {"run_id": "r", "input": "in", "output": "out", "decoder": "hpd", "model": "default", "adapter": None,
         "docs_per_prompt": 4, "max_value_tokens": 30}
@@ -122,6 +123,17 @@ def test_a_job_of_no_products_reports_no_price_per_product():
     report = build_report(META, Stats(), Stats(), [attempt], attempt)
     assert report["products_out"] == 0 and report["usd_per_1k_products"] is None
     assert "$None" not in render_markdown(report) and "n/a per 1k products" in render_markdown(report)
+
+
+def test_the_report_that_marks_a_job_finished_is_written_last(tmp_path, monkeypatch):
+    """_report.json marks the job finished: killed after it and before _report.md, a re-run would find
+    the job complete and no _report.md; so the markdown goes first."""
+    attempt = attempts.Attempt("a", 0.0, 0.5, "cpu", 0, 0.0425)
+    written = []
+    monkeypatch.setattr(report_module.io, "write_bytes", lambda uri, data: written.append(uri.rsplit("/", 1)[-1]))
+    monkeypatch.setattr(report_module.io, "write_json", lambda uri, data: written.append(uri.rsplit("/", 1)[-1]))
+    write_report(str(tmp_path), build_report(META, Stats(), Stats(), [attempt], attempt))
+    assert written == ["_report.md", "_report.json"]
 
 
 def test_attempt_records_round_trip(tmp_path):

@@ -124,7 +124,9 @@ def test_an_input_rewritten_under_committed_chunks_is_refused_and_a_copy_is_not(
     source.write_bytes(jsonl([dict(new, title="x" + " " * padding)]) + b"".join(lines[:-1]))  # the same size
     assert len(source.read_bytes()) == sum(map(len, lines))
     assert run_extract(argv) == 1
-    assert "the input changed under the job" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the input changed under the job" in err and "use a new --output, or --overwrite to start the job over" in err
+    assert "run the same command again" not in err  # it would fail alike
 
     # killed after its id index, before any commit: no manifest to compare, but the index keeps each
     # chunk's digest (its verdicts go by row position: a row now elsewhere would take another's)
