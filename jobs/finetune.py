@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument("--train", type=Path, required=True, help="hpd convert directory or records file (.jsonl/.parquet)")
     data.add_argument("--attributes", type=Path, help="attribute schema (default: attributes.json beside the records)")
-    data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records)")
-    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold")
+    data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records; not with --teacher)")
+    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold "
+                                        "(no OUT/validation/ is written: its products have no gold)")
     data.add_argument(
         "--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="products held out for validation loss (default %(default)s)"
     )
@@ -309,6 +310,9 @@ def _train(args: argparse.Namespace) -> int:
     from training import data as gold
     from training import examples
 
+    if args.teacher is not None and args.gold is not None:
+        raise ValueError(f"--gold {args.gold} with --teacher {args.teacher}: the teacher's values replace gold, so "
+                         "--gold would be ignored; give one of them")
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
     bare = bare_model_name(args.model)

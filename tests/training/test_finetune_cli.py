@@ -665,3 +665,13 @@ def test_words_for_none_and_gold_of_nothing_but_none_are_warned_of(data_dir, tmp
     caplog.clear()
     assert main(argv) != 0
     assert "every one of the 16 target values is none (n/a or left out)" in caplog.text
+
+
+def test_gold_with_a_teacher_is_refused(data_dir, tmp_path, capsys):
+    """--teacher's values replace gold: a --gold beside it was read by no one, silently."""
+    argv = ["finetune", "--train", str(data_dir), "--out", str(tmp_path / "run"), "--teacher", str(tmp_path / "teacher"),
+            "--gold", str(data_dir / "gold.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--gold {data_dir / 'gold.jsonl'} with --teacher {tmp_path / 'teacher'}: the teacher's values replace gold" in err
+    assert not (tmp_path / "run").exists()
