@@ -175,6 +175,20 @@ def run_identity(args: argparse.Namespace, data_stats: dict, data_digest: str | 
     return identity if data_digest is None else {**identity, "data_digest": data_digest}
 
 
+def shown_option(key: str, options: dict) -> str:
+    """An option of a run as a resume's refusal names it: unset, the value it then takes (the default
+    0.00025, not None)."""
+    value = options.get(key)
+    if value is not None:
+        return repr(value)
+    if key == "lr":
+        return f"the default {DEFAULT_FULL_LR if options.get('full') else DEFAULT_LORA_LR!r}"
+    if key in ("lora_rank", "lora_alpha") and options.get("init_adapter"):
+        return "unset: the --init-adapter's"
+    default = getattr(TRAIN_DEFAULTS, key, None) if key in TRAIN_OPTIONS else None
+    return "unset" if default is None else f"the default {default!r}"
+
+
 def check_resume(checkpoints: Path, identity: dict) -> None:
     """``--resume`` continues the run in ``checkpoints`` only with the options and data of its
     first sitting: anything else would go on silently with other prompts or another schedule."""
@@ -184,8 +198,8 @@ def check_resume(checkpoints: Path, identity: dict) -> None:
         return
     first, identity = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(identity))
     flag = lambda key: "--" + key.replace("_", "-")
-    differ = [f"{flag(k)} ({first['options'].get(k)!r} then, {v!r} now)" for k, v in identity["options"].items()
-              if first["options"].get(k) != v]  # fmt: skip
+    differ = [f"{flag(k)} ({shown_option(k, first['options'])} then, {shown_option(k, identity['options'])} now)"
+              for k, v in identity["options"].items() if first["options"].get(k) != v]  # fmt: skip
     if first["data"] != identity["data"]:
         differ.append(f"the data ({first['data']} then, {identity['data']} now)")
     elif "data_digest" not in first:  # a run.json from before the digest: its counts are all there is to check

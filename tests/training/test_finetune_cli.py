@@ -295,7 +295,7 @@ def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     assert not (out / CONFIG_FILE).exists() and not (out / "epoch-2").exists()
     # a resumed sitting must be the same run: other options or data are refused, checkpoint kept
     assert main(argv + ["--resume", "--examples", "2"]) == 2
-    assert "--examples (None then, 2 now)" in capsys.readouterr().err
+    assert "--examples (unset then, 2 now)" in capsys.readouterr().err
     assert main([*argv[:-3], "--lr", "2e-2", "--save-epochs", "--resume"]) == 2
     assert "--lr (0.01 then, 0.02 now)" in capsys.readouterr().err
     assert (out / "checkpoint" / "checkpoint.pt").is_file()
@@ -389,6 +389,16 @@ def test_resume_check_names_what_differs_and_passes_old_checkpoints(tmp_path, ca
         check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 2e-2}), {"products": 6}))
     with pytest.raises(ValueError, match="the data"):
         check_resume(tmp_path, run_identity(later, {"products": 7}))
+    # an option left to its default is named by the default's value, not None
+    with pytest.raises(ValueError, match=r"--lr \(the default 0.00025 then, 0.0001 now\), --examples \(unset then, 2 now\)"):
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(argparse.Namespace(**{**vars(args), "lr": None}), {"products": 6})))
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 1e-4, "examples": 2}), {"products": 6}))
+    with pytest.raises(ValueError, match=r"--lr \(the default 2e-05 then, 0.0001 now\)"):  # full fine-tuning's
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(argparse.Namespace(**{**vars(args), "lr": None, "full": True}), {"products": 6})))
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 1e-4, "full": True}), {"products": 6}))
+    with pytest.raises(ValueError, match=r"--epochs \(the default \d+ then, 9 now\)"):
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(argparse.Namespace(**{**vars(args), "epochs": None}), {"products": 6})))
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "epochs": 9}), {"products": 6}))
 
 
 def test_gold_attribute_names_not_in_the_schema_are_refused(data_dir, tmp_path, capsys, caplog):
