@@ -320,7 +320,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from hpd_core import finetune, prompts
-    from hpd_core.models import bare_model_name, check_device, emulated_dtype_warning, load_model
+    from hpd_core.models import bare_model_name, check_device, emulated_dtype_warning, load_model, resolve_dtype
     from training import data as gold
     from training import examples
 
@@ -343,6 +343,9 @@ def _train(args: argparse.Namespace) -> int:
     if init_adapter is not None:
         finetune.check_init_adapter(init_adapter, config)  # before the data and the model load
     model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
+    weights_dtype = resolve_dtype(args.dtype, args.device)  # what "auto" is here: said, and recorded
+    logging.info("weights dtype: %s%s", weights_dtype,
+                 f" (--dtype {args.dtype} on {args.device})" if weights_dtype != args.dtype else "")
     for flag, dtype in (("--dtype", args.dtype), ("--autocast", config.autocast)):
         if dtype is not None and (warning := emulated_dtype_warning(dtype, args.device)) is not None:
             logging.warning("%s %s", flag, warning)
@@ -404,7 +407,8 @@ def _train(args: argparse.Namespace) -> int:
         "args": plain_args(args),
         "train_config": asdict(config),
         "learning_rate": config.learning_rate,
-        "model": asdict(model_config),
+        "model": asdict(model_config),  # its dtype as asked (--dtype auto: "auto")
+        "dtype": weights_dtype,  # the weights' dtype it ran in (--dtype auto resolved)
         "init_adapter": init_adapter,  # --init-adapter resolved: the directory the LoRA started from
         "targets": "teacher" if args.teacher else "gold",
         "prompt_format": prompts.PROMPT_FORMAT,  # how its prompts were laid out (3: wide ones as attribute groups)

@@ -144,19 +144,27 @@ def test_split_is_seeded_and_disjoint():
 
 
 @pytest.mark.parametrize("decoder", ["hpd", "ar"])
-def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
+def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, caplog, decoder):
     from hpd_core.config import ModelConfig
     from hpd_core.models import load_model
 
     out = tmp_path / "adapter"
     argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
             "--decoder", decoder, "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4",
-            "--epochs", "2", "--val-fraction", "0.34", "--log-every", "1", "--lr", "1e-2"]  # fmt: skip
+            "--epochs", "2", "--val-fraction", "0.34", "--log-every", "1", "--lr", "1e-2",
+            *(["--dtype", "auto"] if decoder == "ar" else [])]  # fmt: skip
+    caplog.set_level(logging.INFO)
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["decoder"] == decoder and summary["steps"] >= 2
     record = json.loads((out / CONFIG_FILE).read_text())
     assert record["train_config"]["decoder"] == decoder
+    from hpd_core.models import resolve_dtype
+
+    asked = "auto" if decoder == "ar" else ModelConfig().dtype  # --dtype auto: what it chose is said and recorded
+    assert record["args"]["dtype"] == record["model"]["dtype"] == asked and record["dtype"] == resolve_dtype(asked, "cpu")
+    said = f"weights dtype: {record['dtype']}" + (" (--dtype auto on cpu)" if decoder == "ar" else "")
+    assert said in caplog.text
     assert record["data"]["train_products"] == 4 and record["data"]["val_products"] == 2
     assert len(record["report"]["val_losses"]) == 3  # before training and after each epoch
     assert all(v is not None for v in record["report"]["val_losses"])
