@@ -194,6 +194,8 @@ def check_paths(config: ModelConfig) -> None:
 def check_adapter_path(adapter: str | None) -> None:
     """``check_paths`` for an adapter alone (a model from S3 is checked where it is copied)."""
     if adapter and _looks_local(adapter) and not (Path(adapter) / "adapter_config.json").is_file():
+        if not Path(adapter).exists():
+            raise FileNotFoundError(f"adapter {adapter} does not exist (give a LoRA adapter's directory, as `hpd finetune --out` writes it)")
         raise FileNotFoundError(f"adapter {adapter} is not a PEFT adapter directory (no adapter_config.json)")
 
 

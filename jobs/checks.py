@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpd_core import prompts
-from jobs.config import JobConfig, flag_for
+from jobs.config import JobConfig, flag_for, typed_adapter
 from pipelines import commit, io, reader
 from pipelines.dryrun import DRY_RUN
 
@@ -204,6 +205,8 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     run_id = config.output.run_id
     if existing is not None and existing.get("run_id") in config.former_run_ids and not args.overwrite:
         run_id = existing["run_id"]  # the same job, started by an earlier version: resumed under its id
+    elif existing is not None and not args.overwrite and same_adapter_as_typed(existing, arguments, config.arguments):
+        run_id = existing["run_id"]  # the same job, begun with the adapter's path as typed
     same = existing is not None and existing.get("run_id") == run_id
     if existing is not None and not same and not args.overwrite:
         raise ValueError(conflict_message(output, existing, config.arguments, args))
@@ -232,6 +235,23 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
                      tuple(plan.ignored), modified)
+
+
+def same_adapter_as_typed(existing: dict, arguments: dict, here: dict) -> bool:
+    """Whether the job in the output (its ``_job.json``) is this one with its adapter recorded as
+    typed, relative (before 2026-11-30, a local --adapter was not made absolute): every other
+    argument the same, and the recorded path names this adapter from here, or its recorded files
+    are this adapter's (the job begun from another working directory)."""
+    recorded = existing.get("arguments") or {}
+    there = (recorded.get("model") or {}).get("adapter_uri")
+    ours = here["model"].get("adapter_uri")
+    if there is None or ours is None or there == ours or "://" in there or os.path.isabs(there):
+        return False
+    if {k: v for k, v in recorded.items() if k not in NOT_ARGUMENTS} != json.loads(json.dumps(typed_adapter(here, there))):
+        return False
+    files = (recorded.get(MODEL_FILES) or {}).get("adapter")
+    return (os.path.abspath(os.path.expanduser(there)) == ours
+            or (files is not None and files == arguments.get(MODEL_FILES, {}).get("adapter")))
 
 
 def recorded_prompt_format(existing: dict) -> int | None:

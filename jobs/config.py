@@ -72,6 +72,18 @@ def _normalise(uri: str) -> str:
     return to_uri(fs, path)
 
 
+def local_adapter(uri: str | None) -> str | None:
+    """A local adapter directory by its absolute path, as --input and --output are (another spelling
+    of the same directory, or another working directory, is the same job); an S3 URI or a hub id as
+    given."""
+    if uri is None or "://" in uri:
+        return uri
+    path = os.path.expanduser(uri)
+    if os.path.exists(path) or os.path.isabs(path) or uri.startswith((".", "~")):
+        return os.path.abspath(path)
+    return uri
+
+
 def _nested(inner: str, outer: str) -> bool:
     inner, outer = _real(inner), _real(outer)
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
@@ -84,6 +96,11 @@ def _real(uri: str) -> str:
 
 
 SPEED_ONLY = ("batch_token_budget", "prefill_tokens", "cuda_graphs", "cudnn_attention", "compile_layers")  # DecodeConfig fields left out of a run's identity
+
+
+def typed_adapter(arguments: dict, adapter: str) -> dict:
+    """``arguments`` with the adapter as typed: how a job begun before 2026-11-30 knew it."""
+    return {**arguments, "model": {**arguments["model"], "adapter_uri": adapter}}
 
 
 def run_id_for(arguments: dict) -> str:
@@ -136,7 +153,7 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
                                    batch_token_budget=args.batch_token_budget, step_shape=args.step_shape,
                                    compile_layers=args.compile_layers), spans=args.spans,
                           cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention, confidence=args.confidence)
-    model = _given(model_uri=args.model, adapter_uri=args.adapter, dtype=args.dtype)
+    model = _given(model_uri=args.model, adapter_uri=local_adapter(args.adapter), dtype=args.dtype)
     failures = tuple(map(parse_failure, args.dry_run_fail or ()))
     dry_run = DryRunConfig(**_given(seconds_per_prompt=args.dry_run_seconds_per_prompt), failures=failures)
     arguments = {
@@ -164,6 +181,8 @@ def _from_args(args: argparse.Namespace) -> JobConfig:
     if args.group_chunks in (None, 1):  # then every job read chunks of consecutive rows (group_chunks 1)
         for identity in (ungrouped, {**ungrouped, "model": model}):  # and a typed default was part of it
             formers.setdefault(run_id_for(identity), 1)
+            if "adapter_uri" in model and model["adapter_uri"] != args.adapter:  # and the adapter as typed
+                formers.setdefault(run_id_for(typed_adapter(identity, args.adapter)), 1)
     formers.pop(run_id, None)
     extract = ExtractConfig(
         decoder=args.decoder,

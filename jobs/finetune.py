@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument("--train", type=Path, required=True, help="hpd convert directory or records file (.jsonl/.parquet)")
     data.add_argument("--attributes", type=Path, help="attribute schema (default: attributes.json beside the records)")
-    data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records)")
-    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold")
+    data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records; not with --teacher)")
+    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold "
+                                        "(no OUT/validation/ is written: its products have no gold)")
     data.add_argument(
         "--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="products held out for validation loss (default %(default)s)"
     )
@@ -174,6 +175,20 @@ def run_identity(args: argparse.Namespace, data_stats: dict, data_digest: str | 
     return identity if data_digest is None else {**identity, "data_digest": data_digest}
 
 
+def shown_option(key: str, options: dict) -> str:
+    """An option of a run as a resume's refusal names it: unset, the value it then takes (the default
+    0.00025, not None)."""
+    value = options.get(key)
+    if value is not None:
+        return repr(value)
+    if key == "lr":
+        return f"the default {DEFAULT_FULL_LR if options.get('full') else DEFAULT_LORA_LR!r}"
+    if key in ("lora_rank", "lora_alpha") and options.get("init_adapter"):
+        return "unset: the --init-adapter's"
+    default = getattr(TRAIN_DEFAULTS, key, None) if key in TRAIN_OPTIONS else None
+    return "unset" if default is None else f"the default {default!r}"
+
+
 def check_resume(checkpoints: Path, identity: dict) -> None:
     """``--resume`` continues the run in ``checkpoints`` only with the options and data of its
     first sitting: anything else would go on silently with other prompts or another schedule."""
@@ -183,8 +198,8 @@ def check_resume(checkpoints: Path, identity: dict) -> None:
         return
     first, identity = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(identity))
     flag = lambda key: "--" + key.replace("_", "-")
-    differ = [f"{flag(k)} ({first['options'].get(k)!r} then, {v!r} now)" for k, v in identity["options"].items()
-              if first["options"].get(k) != v]  # fmt: skip
+    differ = [f"{flag(k)} ({shown_option(k, first['options'])} then, {shown_option(k, identity['options'])} now)"
+              for k, v in identity["options"].items() if first["options"].get(k) != v]  # fmt: skip
     if first["data"] != identity["data"]:
         differ.append(f"the data ({first['data']} then, {identity['data']} now)")
     elif "data_digest" not in first:  # a run.json from before the digest: its counts are all there is to check
@@ -305,10 +320,13 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from hpd_core import finetune, prompts
-    from hpd_core.models import bare_model_name, check_device, emulated_dtype_warning, load_model
+    from hpd_core.models import bare_model_name, check_device, emulated_dtype_warning, load_model, resolve_dtype
     from training import data as gold
     from training import examples
 
+    if args.teacher is not None and args.gold is not None:
+        raise ValueError(f"--gold {args.gold} with --teacher {args.teacher}: the teacher's values replace gold, so "
+                         "--gold would be ignored; give one of them")
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
     bare = bare_model_name(args.model)
@@ -325,6 +343,9 @@ def _train(args: argparse.Namespace) -> int:
     if init_adapter is not None:
         finetune.check_init_adapter(init_adapter, config)  # before the data and the model load
     model_config = ModelConfig(name=args.model, dtype=args.dtype, device=args.device, attention=args.attention)
+    weights_dtype = resolve_dtype(args.dtype, args.device)  # what "auto" is here: said, and recorded
+    logging.info("weights dtype: %s%s", weights_dtype,
+                 f" (--dtype {args.dtype} on {args.device})" if weights_dtype != args.dtype else "")
     for flag, dtype in (("--dtype", args.dtype), ("--autocast", config.autocast)):
         if dtype is not None and (warning := emulated_dtype_warning(dtype, args.device)) is not None:
             logging.warning("%s %s", flag, warning)
@@ -386,7 +407,8 @@ def _train(args: argparse.Namespace) -> int:
         "args": plain_args(args),
         "train_config": asdict(config),
         "learning_rate": config.learning_rate,
-        "model": asdict(model_config),
+        "model": asdict(model_config),  # its dtype as asked (--dtype auto: "auto")
+        "dtype": weights_dtype,  # the weights' dtype it ran in (--dtype auto resolved)
         "init_adapter": init_adapter,  # --init-adapter resolved: the directory the LoRA started from
         "targets": "teacher" if args.teacher else "gold",
         "prompt_format": prompts.PROMPT_FORMAT,  # how its prompts were laid out (3: wide ones as attribute groups)

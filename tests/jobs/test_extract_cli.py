@@ -619,3 +619,50 @@ def test_the_batch_token_budget_sets_speed_not_the_runs_identity(no_ray, tmp_pat
     assert config("--max-value-tokens", 12).extract.run_id != auto.extract.run_id
     assert run_extract(extract_args(SAMPLE, tmp_path / "out", "--batch-token-budget", -1)) == 2
     assert "--batch-token-budget" in capsys.readouterr().err
+
+
+def test_a_local_adapter_is_known_by_its_absolute_path(tmp_path, no_ray, monkeypatch):
+    """--adapter was kept as typed (--input and --output made absolute): the same adapter typed
+    relative, or from another working directory, was another job ("it differs in --adapter"), and
+    the rows and report named the relative path. A job begun so resumes when its recorded path
+    names this adapter from here, or its recorded files are this adapter's."""
+    from jobs.config import from_args, run_id_for, typed_adapter
+    from pipelines import commit
+
+    adapter = tmp_path / "adapters" / "mine"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"r": 4}')
+    (tmp_path / "elsewhere").mkdir()
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+
+    def plan(adapter_as_typed):
+        args = parser.parse_args(["--input", str(SAMPLE), "--attributes", str(SAMPLE_ATTRIBUTES),
+                                  "--output", str(tmp_path / "out"), "--adapter", adapter_as_typed])
+        config = from_args(args)
+        return config, checks.preflight(config, args)
+
+    monkeypatch.chdir(tmp_path)
+    config, first = plan("adapters/mine")
+    assert config.extract.adapter_uri == str(adapter) == config.arguments["model"]["adapter_uri"]
+    ungrouped = {**config.arguments, "read": {k: v for k, v in config.arguments["read"].items() if k != "group_chunks"}}
+    assert run_id_for(typed_adapter(ungrouped, "adapters/mine")) in config.former_run_ids  # begun before 2026-11-29
+    commit.claim_output(config.output.uri, config.output.run_id, first.arguments)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for spelling in ("../adapters/mine", str(adapter), "../adapters/../adapters/mine/"):
+        assert plan(spelling)[1].existing_run == config.output.run_id  # the same job: a resume
+
+    # begun before the fix, from tmp_path, with the path recorded as typed
+    old = typed_adapter(first.arguments, "adapters/mine")
+    io.write_json(io.join(config.output.uri, "_job.json"),
+                  {**io.read_json(io.join(config.output.uri, "_job.json")), "run_id": run_id_for(old), "arguments": old})
+    for where, spelling in ((tmp_path, "adapters/mine"), (tmp_path, str(adapter)), (tmp_path / "elsewhere", "../adapters/mine")):
+        monkeypatch.chdir(where)
+        resumed = plan(spelling)[1]
+        assert resumed.existing_run == resumed.run_id == run_id_for(old), (where, spelling)
+    other = tmp_path / "elsewhere" / "adapters" / "mine"  # another adapter under the recorded spelling
+    other.mkdir(parents=True)
+    (other / "adapter_config.json").write_text('{"r": 8}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="it differs in --adapter"):
+        plan("elsewhere/adapters/mine")

@@ -290,7 +290,8 @@ def test_cli_reports_config_errors_without_starting_ray(tmp_path, capsys):
     [
         (["--model", "/nope/model"], "model directory /nope/model does not exist"),
         (["--model", "./nope.gguf"], "GGUF file ./nope.gguf does not exist"),
-        (["--adapter", "/nope/adapter"], "adapter /nope/adapter is not a PEFT adapter directory"),
+        (["--adapter", "/nope/adapter"], "adapter /nope/adapter does not exist (give a LoRA adapter's directory"),
+        (["--adapter", "{tmp}"], "adapter {tmp} is not a PEFT adapter directory (no adapter_config.json)"),
     ],
 )
 def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tmp_path, capsys, monkeypatch):
@@ -303,8 +304,9 @@ def test_cli_reports_missing_model_paths_without_starting_ray(extra, message, tm
 
     monkeypatch.setattr(ray, "init", must_not_run)
     monkeypatch.setattr(pipelines.build, "run_job", must_not_run)
+    extra = [str(arg).format(tmp=tmp_path) for arg in extra]  # {tmp}: a folder that exists, holding no adapter
     assert run_extract(BASE + ["--output", tmp_path / "out", *extra]) == 2
-    assert message in capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
 
 
 def test_slow_chunks_do_not_trip_ray_datas_no_progress_timeout(monkeypatch):

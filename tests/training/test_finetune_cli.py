@@ -144,19 +144,27 @@ def test_split_is_seeded_and_disjoint():
 
 
 @pytest.mark.parametrize("decoder", ["hpd", "ar"])
-def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, decoder):
+def test_cli_smoke(data_dir, model_dir, tmp_path, capsys, caplog, decoder):
     from hpd_core.config import ModelConfig
     from hpd_core.models import load_model
 
     out = tmp_path / "adapter"
     argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
             "--decoder", decoder, "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4",
-            "--epochs", "2", "--val-fraction", "0.34", "--log-every", "1", "--lr", "1e-2"]  # fmt: skip
+            "--epochs", "2", "--val-fraction", "0.34", "--log-every", "1", "--lr", "1e-2",
+            *(["--dtype", "auto"] if decoder == "ar" else [])]  # fmt: skip
+    caplog.set_level(logging.INFO)
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["decoder"] == decoder and summary["steps"] >= 2
     record = json.loads((out / CONFIG_FILE).read_text())
     assert record["train_config"]["decoder"] == decoder
+    from hpd_core.models import resolve_dtype
+
+    asked = "auto" if decoder == "ar" else ModelConfig().dtype  # --dtype auto: what it chose is said and recorded
+    assert record["args"]["dtype"] == record["model"]["dtype"] == asked and record["dtype"] == resolve_dtype(asked, "cpu")
+    said = f"weights dtype: {record['dtype']}" + (" (--dtype auto on cpu)" if decoder == "ar" else "")
+    assert said in caplog.text
     assert record["data"]["train_products"] == 4 and record["data"]["val_products"] == 2
     assert len(record["report"]["val_losses"]) == 3  # before training and after each epoch
     assert all(v is not None for v in record["report"]["val_losses"])
@@ -295,7 +303,7 @@ def test_stop_after_epoch_then_resume(data_dir, model_dir, tmp_path, capsys):
     assert not (out / CONFIG_FILE).exists() and not (out / "epoch-2").exists()
     # a resumed sitting must be the same run: other options or data are refused, checkpoint kept
     assert main(argv + ["--resume", "--examples", "2"]) == 2
-    assert "--examples (None then, 2 now)" in capsys.readouterr().err
+    assert "--examples (unset then, 2 now)" in capsys.readouterr().err
     assert main([*argv[:-3], "--lr", "2e-2", "--save-epochs", "--resume"]) == 2
     assert "--lr (0.01 then, 0.02 now)" in capsys.readouterr().err
     assert (out / "checkpoint" / "checkpoint.pt").is_file()
@@ -389,6 +397,16 @@ def test_resume_check_names_what_differs_and_passes_old_checkpoints(tmp_path, ca
         check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 2e-2}), {"products": 6}))
     with pytest.raises(ValueError, match="the data"):
         check_resume(tmp_path, run_identity(later, {"products": 7}))
+    # an option left to its default is named by the default's value, not None
+    with pytest.raises(ValueError, match=r"--lr \(the default 0.00025 then, 0.0001 now\), --examples \(unset then, 2 now\)"):
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(argparse.Namespace(**{**vars(args), "lr": None}), {"products": 6})))
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 1e-4, "examples": 2}), {"products": 6}))
+    with pytest.raises(ValueError, match=r"--lr \(the default 2e-05 then, 0.0001 now\)"):  # full fine-tuning's
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(argparse.Namespace(**{**vars(args), "lr": None, "full": True}), {"products": 6})))
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "lr": 1e-4, "full": True}), {"products": 6}))
+    with pytest.raises(ValueError, match=r"--epochs \(the default \d+ then, 9 now\)"):
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(argparse.Namespace(**{**vars(args), "epochs": None}), {"products": 6})))
+        check_resume(tmp_path, run_identity(argparse.Namespace(**{**vars(later), "epochs": 9}), {"products": 6}))
 
 
 def test_gold_attribute_names_not_in_the_schema_are_refused(data_dir, tmp_path, capsys, caplog):
@@ -665,3 +683,13 @@ def test_words_for_none_and_gold_of_nothing_but_none_are_warned_of(data_dir, tmp
     caplog.clear()
     assert main(argv) != 0
     assert "every one of the 16 target values is none (n/a or left out)" in caplog.text
+
+
+def test_gold_with_a_teacher_is_refused(data_dir, tmp_path, capsys):
+    """--teacher's values replace gold: a --gold beside it was read by no one, silently."""
+    argv = ["finetune", "--train", str(data_dir), "--out", str(tmp_path / "run"), "--teacher", str(tmp_path / "teacher"),
+            "--gold", str(data_dir / "gold.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--gold {data_dir / 'gold.jsonl'} with --teacher {tmp_path / 'teacher'}: the teacher's values replace gold" in err
+    assert not (tmp_path / "run").exists()
