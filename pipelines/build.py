@@ -433,8 +433,9 @@ def run_job(
     """Run (or resume) the whole job on the connected Ray cluster; return the report.
 
     A job that is already complete is not run again: its report is returned as it is. A run that
-    fails (or is interrupted) before any chunk of the job was committed leaves nothing behind, so
-    a corrected command starts afresh. Progress goes to ``stream`` (default stderr). ``overwrite``:
+    fails (or is interrupted: Ctrl-C, SIGTERM) before any chunk of the job was committed leaves
+    nothing behind, so a corrected command starts afresh (one killed outright leaves its claim and
+    id index: the same command resumes, a corrected one is refused until --overwrite). Progress goes to ``stream`` (default stderr). ``overwrite``:
     first delete whatever the output holds (--overwrite), under this attempt's lease. ``started``:
     when the attempt began (before its driver started or joined Ray, which the attempt's time and
     cost include), now if not given."""
