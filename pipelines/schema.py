@@ -6,6 +6,7 @@ record. A bad *schema* file is a user error and raises ``ValueError`` once, at j
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import urllib.parse
@@ -66,6 +67,8 @@ class AttributeSchema:
         for category, attributes in self.categories.items():
             if not isinstance(category, str) or not category.strip():
                 raise ValueError(f"category names must be non-empty strings, got {category!r}")
+            if category != category.strip():  # records name it exactly: "Tea" would be an unknown category
+                raise ValueError(f"category {category!r} begins or ends with white space: remove it")
             _check_unicode(category, "category name")
             name = f"{PARTITION_COLUMN}={partition_value(category)}"
             if len(name.encode()) > MAX_PATH_COMPONENT_BYTES:
@@ -75,12 +78,24 @@ class AttributeSchema:
             names = [a.name for a in attributes]
             for attribute in attributes:
                 _check_unicode(attribute.name, f"category {category!r}: attribute name")
+                if attribute.name != attribute.name.strip():  # prompted and written so, never matched by gold
+                    raise ValueError(f"category {category!r}: attribute name {attribute.name!r} begins or ends with "
+                                     "white space: remove it")
                 _check_unicode(attribute.description or "", f"category {category!r}: the description of {attribute.name!r},")
             if len(set(names)) != len(names):
                 raise ValueError(f"category {category!r}: attribute names given more than once: {given_twice(names)}")
 
     def attributes(self, category: str) -> tuple[Attribute, ...]:
         return self.categories[category]
+
+    @functools.cached_property
+    def _folded(self) -> dict[str, str]:
+        return {c.casefold(): c for c in self.categories}
+
+    def near(self, category: str) -> str | None:
+        """The schema's category that ``category`` names in another case or with white space around
+        it, if one does (a hint for a record's unknown category)."""
+        return self._folded.get(category.strip().casefold())
 
     def to_json(self) -> str:
         """Canonical text (for the run id): same schema, same text."""
@@ -274,7 +289,9 @@ def validate_record(record: object, schema: AttributeSchema, config: ValidationC
     if len(fields["product_id"]) > config.max_id_chars:
         return Rejected(f"product_id longer than {config.max_id_chars} characters")
     if fields["category"] not in schema.categories:  # named: a typo in the records or a category the schema lacks
-        return Rejected(f"unknown category {fields['category'][:100]!r} (not in the attribute schema, --attributes)")
+        near = schema.near(fields["category"])
+        hint = f"; the schema has {near!r}: categories are matched exactly" if near is not None else ""
+        return Rejected(f"unknown category {fields['category'][:100]!r} (not in the attribute schema, --attributes{hint})")
     size = len(fields["title"]) + len(description or "") + sum(len(f) for f in features)
     truncated = size > config.max_text_chars
     title = fields["title"]

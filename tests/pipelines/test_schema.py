@@ -42,6 +42,8 @@ def test_load_json_and_yaml(tmp_path):
         ({"Shoes": "Brand"}, "list or a mapping"),
         ({"": ["Brand"]}, "non-empty"),
         ({"x" * 300: ["Brand"]}, "too long"),
+        ({" Tea ": ["Brand"]}, "category ' Tea ' begins or ends with white space"),
+        ({"Tea": ["Brand "]}, "attribute name 'Brand ' begins or ends with white space"),
     ],
 )
 def test_bad_schemas_raise_clear_errors(data, message):
@@ -88,7 +90,9 @@ def good(**changes):
         (good(product_id=7.0), "product_id must be a string, got float"),
         (good(product_id=True), "product_id must be a string, got bool"),
         (good(category=None), "missing category"),
-        (good(category="Boats"), "unknown category"),
+        (good(category="Boats"), "unknown category 'Boats' (not in the attribute schema, --attributes)"),
+        (good(category=" shoes"), "unknown category ' shoes' (not in the attribute schema, --attributes; the schema "
+                                  "has 'Shoes': categories are matched exactly)"),
         (good(category=["Shoes"]), "category must be a string"),
         (good(title=""), "empty title"),
         (good(title=3.5), "title must be a string"),
