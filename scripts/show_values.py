@@ -2,7 +2,10 @@
 attribute's value (and its confidence when the job wrote one). The quickstart ends with it, so
 a first run shows what the job extracted without opening Parquet.
 
-    python scripts/show_values.py OUTPUT --input RECORDS.jsonl [--products 3]
+    python scripts/show_values.py OUTPUT [--input RECORDS] [--products 3]
+
+RECORDS: any input `hpd extract` reads (JSON Lines, gzipped or not, Parquet, a folder or prefix of
+them, local or s3://); by default the input the job's ``_job.json`` names.
 
 It reads the output's files one at a time and stops once it has the products to show (a product's
 values are all in one file: one per category and chunk), and the input only up to their titles, so
@@ -12,13 +15,14 @@ it is quick on a catalog's output too. The products are the first of the first f
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datafiles.predictions import attribute_files, read_columns  # noqa: E402
+from pipelines import io, reader  # noqa: E402
+from pipelines.reader import ReadConfig  # noqa: E402
 from pipelines.schema import id_of  # noqa: E402
 
 
@@ -37,19 +41,29 @@ def first_products(output: str, products: int) -> dict[str, list[tuple[str, obje
 
 
 def titles(records: str, wanted: set[str]) -> dict[str, tuple[str, str]]:
-    """product_id -> (title, category) for the wanted ids, reading the JSON Lines input up to them."""
+    """product_id -> (title, category) for the wanted ids, reading the input (through the job's own
+    reader) up to them."""
     found: dict[str, tuple[str, str]] = {}
-    with open(records, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the job rejected such lines; nothing of it is shown
+    read = ReadConfig(records)
+    for shard in reader.plan_input(read).shards:
+        for raw in reader.iter_records(shard, read):
+            row = raw.value if raw.error is None else None  # the job rejected such rows; nothing of it is shown
             if isinstance(row, dict) and id_of(row.get("product_id")) in wanted:
-                found[id_of(row["product_id"])] = (str(row.get("title")), str(row.get("category")))
+                found.setdefault(id_of(row["product_id"]), (str(row.get("title")), str(row.get("category"))))
                 if len(found) == len(wanted):
-                    break
+                    return found
     return found
+
+
+def job_input(output: str) -> str:
+    """The input the job in ``output`` read, as its ``_job.json`` names it."""
+    marker = io.join(output, "_job.json")
+    if not io.exists(marker):
+        raise ValueError(f"{output} has no _job.json to name its input: pass --input")
+    uri = (io.read_json(marker).get("arguments") or {}).get("input")
+    if not isinstance(uri, str) or not uri:
+        raise ValueError(f"{marker} does not name the job's input: pass --input")
+    return uri
 
 
 def render(output: str, records: str, products: int) -> str:
@@ -68,11 +82,11 @@ def render(output: str, records: str, products: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", help="the output directory of `hpd extract` (local or s3://)")
-    parser.add_argument("--input", required=True, help="the job's input records, a local JSON Lines file, for the titles")
+    parser.add_argument("--input", help="the job's input records, for the titles (default: the input its _job.json names)")
     parser.add_argument("--products", type=int, default=3, help="how many products (default: 3)")
     args = parser.parse_args(argv)
     try:
-        print(render(args.output, args.input, args.products))
+        print(render(args.output, args.input or job_input(args.output), args.products))
     except (ValueError, OSError) as err:
         print(f"show_values: {err}", file=sys.stderr)
         return 1

@@ -126,3 +126,23 @@ def test_show_values_prints_the_first_products_with_their_confidences(tmp_path: 
     (empty / "attributes" / "category=x").mkdir(parents=True)
     assert show.main([str(empty), "--input", str(records)]) == 1
     assert "show_values: no Parquet files under" in capsys.readouterr().err
+
+    # any input the job reads (it used to read a local JSON Lines file only: helper-46, session 55),
+    # by default the one its _job.json names
+    import gzip
+
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "part-0.jsonl.gz").write_bytes(gzip.compress(records.read_bytes()))
+    pq.write_table(pa.Table.from_pylist([{k: r[k] for k in ("product_id", "category", "title")} for r in rows]),
+                   tmp_path / "records.parquet")
+    expected = "  Acme Towel Navy  (Home & Kitchen/Bath, tiny-test-00000)"
+    for given in (inputs, tmp_path / "records.parquet"):
+        assert show.main([str(out), "--input", str(given), "--products", "9"]) == 0
+        assert expected in capsys.readouterr().out
+    assert show.main([str(out)]) == 1
+    assert "has no _job.json to name its input: pass --input" in capsys.readouterr().err
+    (out / "_job.json").write_text(json.dumps({"run_id": "r", "arguments": {"input": str(inputs)}}))
+    assert show.main([str(out), "--products", "9"]) == 0
+    assert expected in capsys.readouterr().out
