@@ -35,6 +35,7 @@ from pipelines.jsontext import KeyGivenTwice, given_twice
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 GZIP_SUFFIX = ".gz"
+UNDERSTOOD = ", ".join([*PARQUET_SUFFIXES, *JSONL_SUFFIXES, *(s + GZIP_SUFFIX for s in JSONL_SUFFIXES)])
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -319,7 +320,8 @@ def _raw_rows(shard: Shard, block_bytes: int) -> Iterator[bytes | dict | _Unread
     elif shard.kind in ("jsonl", "jsonl.gz"):
         rows = _jsonl_lines(shard, block_bytes)
     else:
-        rows = iter([_Unreadable(shard.uri, "unsupported file type (expected .parquet or .jsonl)")])
+        rows = iter([_Unreadable(shard.uri, f"unsupported file type (expected {UNDERSTOOD}; a CSV file: convert it "
+                                            "to JSON Lines or Parquet)")])
     for count, row in enumerate(rows):
         if shard.max_rows is not None and count >= shard.max_rows:
             return

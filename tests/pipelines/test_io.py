@@ -194,7 +194,7 @@ def test_parquet_gzip_unsupported_hidden_and_limit(tmp_path):
     got = rows_of(ReadConfig(str(tmp_path)))
     assert [r.value["product_id"] for r in got[:5]] == ["a", "b", "c", "d", "e"]
     assert got[0].value == {"product_id": "a", "n": 1} and json.loads(got[0].text) == got[0].value
-    assert "unsupported file type" in got[5].error and got[5].text == json.dumps({"file": str(tmp_path / "3.csv")})
+    assert "unsupported file type (expected .parquet, .pq, .jsonl, .json, .ndjson, .jsonl.gz, .json.gz, .ndjson.gz; a CSV" in got[5].error and got[5].text == json.dumps({"file": str(tmp_path / "3.csv")})
     assert "malformed Parquet" in got[6].error
     assert len(got) == 7
     limited = rows_of(ReadConfig(str(tmp_path), limit=4))
