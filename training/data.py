@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,9 @@ from hpd_core.spans import in_text
 from hpd_core.types import Attribute, Product
 from pipelines.reader import PARQUET_SUFFIXES
 from pipelines.schema import Accepted, ValidationConfig, load_schema, record_id, validate_record
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ def accepted_records(path: Path, schema) -> tuple[list[Accepted], dict, set[str]
         else:
             seen.add(result.product.product_id)
             accepted.append(result)
+    if cut := sum(result.input_truncated for result in accepted):  # said, not counted: the stats are a run's identity
+        log.warning("%d record(s) of %s had their text cut to %d characters, as `hpd extract` cuts it (--oversize "
+                    "truncate): the model is trained on what it will be given", cut, path, ValidationConfig().max_text_chars)
     return accepted, {"records": len(records), "rejected": dict(rejected)}, ids
 
 
