@@ -62,10 +62,16 @@ def job_settings(output: str, schema, given: str | None) -> tuple[ValidationConf
     digest of the schema (jobs.config) must be the schema's. Also whether it has a ``_job.json``:
     an output without one gets the default checks, needs ``--input``, and its schema is checked
     by the categories and attributes of its values instead (``check_schema``)."""
+    import pyarrow.fs as pafs
+
     from pipelines import io
 
     marker = io.join(output, "_job.json")
     if not io.exists(marker):
+        fs, values = io.filesystem(io.join(output, "attributes"))
+        if fs.get_file_info(values).type != pafs.FileType.Directory:
+            raise ValueError(f"{output} is not an `hpd extract` output (no _job.json, no attributes/): give the --output "
+                             "of the job whose products to pick")
         if given is None:
             raise ValueError(f"{output} has no _job.json to name its input: pass --input")
         return ValidationConfig(), ReadConfig(given), False

@@ -199,6 +199,8 @@ def test_cli_takes_the_records_the_job_took_and_refuses_another_schema(tmp_path,
     (output / "_job.json").unlink()
     del argv[2:4]  # no --input, and no _job.json to name it
     assert main(argv) == 2 and "has no _job.json to name its input: pass --input" in capsys.readouterr().err
+    argv[1] = str(tmp_path)  # not an output (it holds the catalog's files): said so, not "pass --input"
+    assert main(argv) == 2 and "is not an `hpd extract` output (no _job.json, no attributes/)" in capsys.readouterr().err
 
 
 def test_cli_reads_the_input_as_the_job_did_and_accepts_the_jobs_own_schema(tmp_path, capsys):
