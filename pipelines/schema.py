@@ -72,7 +72,9 @@ class AttributeSchema:
             _check_unicode(category, "category name")
             name = f"{PARTITION_COLUMN}={partition_value(category)}"
             if len(name.encode()) > MAX_PATH_COMPONENT_BYTES:
-                raise ValueError(f"category {category[:40]!r}... is too long for a partition directory")
+                raise ValueError(f"category {category[:40]!r}... is too long for a partition directory ({name[:12]}... "
+                                 f"is {len(name.encode())} bytes, escaped, the most is {MAX_PATH_COMPONENT_BYTES}): "
+                                 "shorten it")
             if not attributes:
                 raise ValueError(f"category {category!r} has no attributes")
             names = [a.name for a in attributes]
@@ -205,9 +207,14 @@ def _is_valid_text(value: str) -> bool:
 def _string_field(record: dict, key: str, required: bool) -> str | None | Rejected:
     value = record.get(key)
     if value is None:
-        return Rejected(f"missing {key}") if required else None
+        if not required:
+            return None
+        other = next((k for k in record if isinstance(k, str) and k != key and k.strip().casefold() == key), None)
+        return Rejected(f"missing {key}" + (f" (the record has {other!r}: field names are lower case)" if other else ""))
     if not isinstance(value, str):
-        return Rejected(f"{key} must be a string, got {type(value).__name__}")
+        hint = (" (an integer id column with missing values reads as float: write the ids as strings or integers)"
+                if key == "product_id" and isinstance(value, float) else "")
+        return Rejected(f"{key} must be a string, got {type(value).__name__}{hint}")
     if not _is_valid_text(value):
         return Rejected(f"{key} is not valid Unicode (lone surrogate)")
     if required and not value.strip():

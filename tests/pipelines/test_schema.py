@@ -41,7 +41,7 @@ def test_load_json_and_yaml(tmp_path):
         ({"Shoes": [""]}, "non-empty"),
         ({"Shoes": "Brand"}, "list or a mapping"),
         ({"": ["Brand"]}, "non-empty"),
-        ({"x" * 300: ["Brand"]}, "too long"),
+        ({"x" * 300: ["Brand"]}, r"too long for a partition directory \(category=xxx\.\.\. is 309 bytes, escaped, the most is 255\)"),
         ({" Tea ": ["Brand"]}, "category ' Tea ' begins or ends with white space"),
         ({"Tea": ["Brand "]}, "attribute name 'Brand ' begins or ends with white space"),
     ],
@@ -90,6 +90,9 @@ def good(**changes):
         (good(product_id=7.0), "product_id must be a string, got float"),
         (good(product_id=True), "product_id must be a string, got bool"),
         (good(category=None), "missing category"),
+        ({"product_id": "p1", "Category": "Shoes", "title": "Red shoe"},
+         "missing category (the record has 'Category': field names are lower case)"),
+        (good(product_id=float("nan")), "product_id must be a string, got float (an integer id column with missing"),
         (good(category="Boats"), "unknown category 'Boats' (not in the attribute schema, --attributes)"),
         (good(category=" shoes"), "unknown category ' shoes' (not in the attribute schema, --attributes; the schema "
                                   "has 'Shoes': categories are matched exactly)"),
