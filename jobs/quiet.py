@@ -28,7 +28,10 @@ import warnings
 
 # lines of Ray's C++ core (written to fd 2, not through Python) that are harmless for this job
 NOISE = (re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store "
-                    rb"and max_restarts > 0"),)
+                    rb"and max_restarts > 0"),
+         # the raylet's word (through the driver) on a task of an actor this job stopped itself (SIGTERM, the end)
+         re.compile(rb"\(raylet\).* There are infinite retries remaining, so the task will be retried\. Error: The actor "
+                    rb"is dead because it was killed by `ray\.kill`\."))
 
 # libraries whose deprecation warnings (FutureWarning, DeprecationWarning) are hidden by default:
 # notices for their callers' developers (transformers' `is_gradient_checkpointing`, which peft calls)

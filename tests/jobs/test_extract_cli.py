@@ -460,7 +460,7 @@ def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):
     assert "Execution plan" in loud  # Ray Data's own logs
 
 
-def test_stderr_filter_drops_rays_harmless_notice_and_keeps_the_rest():
+def test_stderr_filter_drops_rays_harmless_notices_and_keeps_the_rest():
     code = (
         "import os, sys\n"
         "from jobs.quiet import StderrFilter\n"
@@ -468,13 +468,19 @@ def test_stderr_filter_drops_rays_harmless_notice_and_keeps_the_rest():
         "    os.write(2, b\"[2026-11-23 16:52:11,646 E 1 1] core_worker.cc:2465: Actor with class name: 'X' and ID: 'a' "
         "has constructor arguments in the object store and max_restarts > 0. If the arguments...\\n\")\n"
         "    os.write(2, b'[2026-11-23 E 1 1] core_worker.cc:1: a real error\\n')\n"
+        "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m Task MapWorker(MapBatches(ExtractStage)).submit failed. There are infinite "
+        "retries remaining, so the task will be retried. Error: The actor is dead because it was killed by `ray.kill`.\\n')\n"
+        "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m Task X failed. There are infinite retries remaining, so the task will be "
+        "retried. Error: The actor is dead because its worker process has died.\\n')\n"
         "    print('progress', end='', file=sys.stderr, flush=True)\n"
         "    os.write(2, b'\\rdone\\n')\n"
         "print('after', file=sys.stderr)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=60)
     assert done.returncode == 0
-    assert done.stderr == b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\nprogress\rdone\nafter\n"
+    died = (b"\x1b[33m(raylet)\x1b[0m Task X failed. There are infinite retries remaining, so the task will be retried. "
+            b"Error: The actor is dead because its worker process has died.\n")  # not one this job stopped: kept
+    assert done.stderr == b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\n" + died + b"progress\rdone\nafter\n"
     assert StderrFilter(active=False).__enter__() is not None
 
 
