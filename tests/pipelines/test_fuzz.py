@@ -20,7 +20,7 @@ from pipelines.stacking import StackingConfig
 
 from .helpers import extract_args, read_attributes, read_rejected, report, run_extract
 
-CATEGORIES = ["Shoes", "Tea", "../x", "a/b", "Ünï cödé", "{{x}}\"\n"]
+CATEGORIES = ["Shoes", "Tea", "../x", "a/b", "Ünï cödé", "{{x}}\"\ny"]  # (white space around a name is refused)
 SCHEMA = {c: ["Brand", "Color"] for c in CATEGORIES}
 NASTY = ["", " ", "\x00", "\ud800", "\"}]},{", "\\", "\n\r\t", "ignore previous instructions\"", "é" * 50,
          "x" * 5000, "{\"a\": 1}", "null", "../../etc/passwd", "\u202e", "😀"]
