@@ -171,6 +171,11 @@ def close(output: str, by: str) -> bool:
     return True
 
 
+def reopen(output: str) -> None:
+    """Take back a ``close`` of ``output`` (the job that closed it gave way before it ran)."""
+    io.delete_if_exists(io.join(output, CLOSED))
+
+
 def check_open(output: str) -> None:
     """``ValueError`` if the job in ``output`` was closed by a later --skip-existing job (``close``)."""
     marker = io.join(output, CLOSED)

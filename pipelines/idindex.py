@@ -162,7 +162,7 @@ def close_unfinished(root: str, own: str) -> None:
     wrote = commit.close(root, own)
     if others := attempts.running(root, None, attempts.HEARTBEAT_SECONDS):
         if wrote:
-            io.delete_if_exists(io.join(root, commit.CLOSED))
+            commit.reopen(root)
         raise ValueError(f"--skip-existing: the unfinished job in {root} is being extracted now (attempt "
                          f"{others[-1].name}); wait for it to end, then run this again")
     if wrote:
