@@ -188,13 +188,14 @@ TASK_EVENTS_KEPT = "10000"
 def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
     import ray
 
-    from jobs import quiet
+    from jobs import nodewatch, quiet
     from pipelines.build import run_job
     from pipelines.idindex import InputChangedError
 
     quiet.quiet_ray_data(args.verbose)
     started = time.time()  # the attempt's time (and cost) counts Ray's start: 8-12 s on a 2-core machine
-    if not ray.is_initialized():
+    started_here = not ray.is_initialized()
+    if started_here:
         os.environ.setdefault(TASK_EVENTS_ENV, TASK_EVENTS_KEPT)  # read by a GCS that ray.init starts here
         try:
             ray.init(address=config.address, **quiet.ray_init_options(args.verbose))
@@ -203,7 +204,9 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
             raise CommandFailed(f"could not start or join Ray: {type(err).__name__}: {first_line}") from err
         stop_cleanly_on_sigterm()  # after ray.init, which installs its own SIGTERM handler
     try:
-        with quiet.StderrFilter(active=not args.verbose):
+        with (quiet.StderrFilter(active=not args.verbose) as stderr,
+              nodewatch.watching(nodewatch.local_node() if started_here else {},
+                                 nodewatch.lost_node(stderr.write, INTERRUPTED))):
             return run_job(
                 prepare=config.prepare,
                 extract=config.extract,
@@ -233,6 +236,8 @@ def failure_line(err: BaseException, restarts: int) -> str:
     if type(err).__name__ == "ActorDiedError" and not getattr(err, "actor_init_failed", False):
         detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", str(err))
         why = f": {detail[1]}" if detail else "."
+        if detail and "Owner's node has crashed" in detail[1]:  # the driver's node: no restart could help
+            return f"the Ray node of the job's driver died under an extract actor{why} {MEMORY_ADVICE}"
         return f"an extract actor's process died {restarts + 1} time(s) (--actor-restarts {restarts}){why} {MEMORY_ADVICE}"
     line = root_cause(err)
     if type(err).__name__ == "OutOfMemoryError" or "running low on memory" in line:

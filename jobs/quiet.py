@@ -31,7 +31,10 @@ NOISE = (re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constr
                     rb"and max_restarts > 0"),
          # the raylet's word (through the driver) on a task of an actor this job stopped itself (SIGTERM, the end)
          re.compile(rb"\(raylet\).* There are infinite retries remaining, so the task will be retried\. Error: The actor "
-                    rb"is dead because it was killed by `ray\.kill`\."))
+                    rb"is dead because it was killed by `ray\.kill`\."),
+         # the last 20 lines of a dead raylet's log that Ray prints under its "Raylet is terminated" line
+         # (that line stays, and hpd's own follows: jobs.nodewatch)
+         re.compile(rb"^    \[(state-dump\]|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z] \d+ \d+\] \(raylet\))"))
 
 # libraries whose deprecation warnings (FutureWarning, DeprecationWarning) are hidden by default:
 # notices for their callers' developers (transformers' `is_gradient_checkpointing`, which peft calls)
@@ -140,6 +143,14 @@ class StderrFilter:
         self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
         self._thread.start()
         return self
+
+    def write(self, text: str) -> None:
+        """``text`` to the real stderr at once, past the filter (for a thread about to end the process)."""
+        sys.stderr.flush()
+        if self.active:
+            self._emit(text.encode())
+        else:
+            os.write(2, text.encode())
 
     def _emit(self, data: bytes) -> None:
         try:

@@ -460,7 +460,7 @@ def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):
     assert "Execution plan" in loud  # Ray Data's own logs
 
 
-def test_stderr_filter_drops_rays_harmless_notices_and_keeps_the_rest():
+def test_stderr_filter_drops_rays_harmless_notices_and_a_dead_raylets_log_and_keeps_the_rest():
     code = (
         "import os, sys\n"
         "from jobs.quiet import StderrFilter\n"
@@ -472,6 +472,9 @@ def test_stderr_filter_drops_rays_harmless_notices_and_keeps_the_rest():
         "retries remaining, so the task will be retried. Error: The actor is dead because it was killed by `ray.kill`.\\n')\n"
         "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m Task X failed. There are infinite retries remaining, so the task will be "
         "retried. Error: The actor is dead because its worker process has died.\\n')\n"
+        "    os.write(2, b'    [state-dump] \\n    [2026-11-30 10:24:16,276 I 2776 2776] (raylet) node_manager.cc:1477: "
+        "Disconnecting worker\\n')\n"  # a dead raylet's log, under Ray's line on its death
+        "    os.write(2, b'    [2026-11-30 10:24:16,276 I 2776 2776] core_worker.cc:1: not the raylet\\n')\n"
         "    print('progress', end='', file=sys.stderr, flush=True)\n"
         "    os.write(2, b'\\rdone\\n')\n"
         "print('after', file=sys.stderr)\n"
@@ -480,7 +483,9 @@ def test_stderr_filter_drops_rays_harmless_notices_and_keeps_the_rest():
     assert done.returncode == 0
     died = (b"\x1b[33m(raylet)\x1b[0m Task X failed. There are infinite retries remaining, so the task will be retried. "
             b"Error: The actor is dead because its worker process has died.\n")  # not one this job stopped: kept
-    assert done.stderr == b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\n" + died + b"progress\rdone\nafter\n"
+    assert done.stderr == (b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\n" + died
+                           + b"    [2026-11-30 10:24:16,276 I 2776 2776] core_worker.cc:1: not the raylet\n"
+                           + b"progress\rdone\nafter\n")
     assert StderrFilter(active=False).__enter__() is not None
 
 
@@ -603,6 +608,17 @@ def test_an_error_ray_data_raises_from_its_empty_marker_is_named_with_its_own_te
     plain = RuntimeError("every one of 3 prompts failed")
     plain.__cause__ = SystemException()
     assert extract.failure_line(plain, 3) == "RuntimeError: every one of 3 prompts failed"
+
+
+def test_an_actor_whose_owners_node_crashed_is_not_said_to_have_died_restarts_plus_one_times():
+    """The driver's node gone (its raylet killed) ends an actor for good, whatever --actor-restarts says
+    (seen with Ray 2.60: "an extract actor's process died 4 time(s) ... Owner's node has crashed")."""
+    actor_died = type("ActorDiedError", (Exception,), {})
+    err = actor_died("The actor died unexpectedly before finishing this task. class_name: MapWorker Worker exit "
+                     "type: SYSTEM_ERROR Worker exit detail: Owner's node has crashed. The actor's node ...")
+    line = extract.failure_line(err, 3)
+    assert line.startswith("the Ray node of the job's driver died under an extract actor: Owner's node has crashed.")
+    assert "4 time(s)" not in line and "--max-actors" in line
 
 
 def test_the_batch_token_budget_sets_speed_not_the_runs_identity(no_ray, tmp_path, capsys):
