@@ -45,6 +45,7 @@ class Preflight:
     run_id: str  # the job's run id (the output's own where it was started under a former one)
     ignored: tuple[str, ...] = ()  # data files of the input not read for their names (_ or . first)
     input_modified: bool = False  # the same job, and its input files' modification times differ since it started
+    leftovers: bool = False  # the output holds only a deleted job's attempt records (commit.leftovers_only)
 
 
 def hub_cache() -> Path:
@@ -200,7 +201,8 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"--output {output} is a file: give a folder (new or empty, or this job's)")
     existing, has_files = commit.existing_job(output)
-    if has_files and existing is None:
+    leftovers = has_files and existing is None and commit.leftovers_only(output)
+    if has_files and existing is None and not leftovers:
         raise ValueError(f"--output {output} holds files that are not an hpd extract output; give a new or empty folder")
     run_id = config.output.run_id
     if existing is not None and existing.get("run_id") in config.former_run_ids and not args.overwrite:
@@ -225,6 +227,9 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
     resumed = same and not args.overwrite and not complete
+    if resumed and empty:  # its id index was built on rows: an empty input now is a changed one, not a finished job
+        raise ValueError(f"--input {config.prepare.read.uri} holds no rows now, but the unfinished job in --output "
+                         f"{output} began on rows: the input changed since it started; {commit.START_OVER}")
     if resumed:  # a finished job is only reported, whoever finished it
         check_prompt_format(existing, arguments, output)
         commit.check_open(output)
@@ -234,7 +239,7 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     # the prepare stage refuses a chunk whose rows no longer read as the id index says
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
-                     tuple(plan.ignored), modified)
+                     tuple(plan.ignored), modified, leftovers)
 
 
 def same_adapter_as_typed(existing: dict, arguments: dict, here: dict) -> bool:

@@ -189,6 +189,7 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
     import ray
 
     from jobs import nodewatch, quiet
+    from pipelines.attempts import LostLeaseError
     from pipelines.build import run_job
     from pipelines.idindex import InputChangedError
 
@@ -222,6 +223,8 @@ def _run_on_ray(config, args, arguments: dict, overwrite: bool = False) -> dict:
         line = failure_line(err, config.resources.actor_restarts)
         if line.startswith(f"{InputChangedError.__name__}:"):  # says what to do; running it again fails alike
             raise CommandFailed(line) from err
+        if line.startswith(f"{LostLeaseError.__name__}: "):  # a writer found another attempt at work: as the driver says it
+            raise LostLeaseError(line[len(LostLeaseError.__name__) + 2:]) from err
         raise CommandFailed(f"{line}; {INTERRUPTED}") from err
 
 
@@ -305,12 +308,16 @@ def run(args: argparse.Namespace) -> int:
               "(--overwrite starts it over)", file=sys.stderr)
         print(_summary(report, output))
         return 0
-    overwrite = bool(args.overwrite and plan.existing_run is not None)
+    overwrite = bool(args.overwrite and plan.existing_run is not None) or plan.leftovers
     if overwrite:
         from pipelines import attempts
 
         attempts.await_quiet(output, None, attempts.HEARTBEAT_SECONDS)  # before Ray starts
-        print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
+        if plan.leftovers:
+            print(f"hpd extract: {output} holds only attempt records, left by a deletion that was stopped (an "
+                  "--overwrite, or a failed run's clean-up): deleting them", file=sys.stderr)
+        else:
+            print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
     if plan.empty:
         from pipelines.build import empty_job
 

@@ -17,9 +17,15 @@ same host and in the same PID namespace, its process still there) gives way once
 sign of life (a refresh), and goes on once its record goes stale (``await_quiet``). Each writes its record first and looks second, so
 of two started together at least the later one sees the other (both may give way; neither runs).
 An attempt whose own record went unrefreshed that long (its driver paused, its store unreachable)
-may have been taken over so: its next refresh looks first, and finding another attempt running it
-stops refreshing and gives way (``Heartbeat.lost``; the job checks ``Heartbeat.check`` as chunks
-commit), instead of running beside the one that took over.
+may have been taken over so. The taker says so where the other cannot overwrite it: once it goes on,
+it writes ``_attempts/<name>.taken`` beside every record it waited out (``mark_taken``). An attempt
+whose record is marked so, or gone (an ``--overwrite`` deleted the output), or whose output was
+closed (``_closed.json``, pipelines/commit.py) has lost its lease (``lease_lost``): its writers check
+that before they write a chunk's files and again before its manifest, its heartbeat at each refresh
+(then it stops refreshing, and never writes its record again), and the job as chunks commit
+(``Heartbeat.check``). A refresh more than ``Heartbeat.LAPSE`` heartbeats late also looks for
+another attempt running. So a paused attempt that wakes writes at most the chunk its writers had
+already checked, instead of running beside the one that took over.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from pipelines import io
@@ -73,8 +80,16 @@ def begin(output: str, device: str, devices: float, price_per_hour: float, start
     return attempt
 
 
-def record_uri(output: str, attempt: Attempt) -> str:
-    return io.join(output, DIRECTORY, f"{attempt.name}.json")
+def record_uri(output: str, attempt: Attempt | str) -> str:
+    name = attempt if isinstance(attempt, str) else attempt.name
+    return io.join(output, DIRECTORY, f"{name}.json")
+
+
+TAKEN = ".taken"  # _attempts/<name>.taken: another attempt took the output over from this one
+
+
+def taken_uri(output: str, name: str) -> str:
+    return io.join(output, DIRECTORY, f"{name}{TAKEN}")
 
 
 def save(output: str, attempt: Attempt) -> Attempt:
@@ -101,9 +116,17 @@ def remove(output: str, attempt: Attempt) -> None:
 
 def load_all(output: str) -> list[Attempt]:
     """Every attempt recorded under ``output``, oldest first."""
-    attempts = []
+    return _records(output)[0]
+
+
+def _records(output: str) -> tuple[list[Attempt], set[str]]:
+    """Every attempt recorded under ``output``, oldest first, and the names of those marked taken
+    (one listing)."""
+    attempts, taken = [], set()
     for uri in io.list_files(io.join(output, DIRECTORY)):
-        if uri.endswith(".json"):
+        if uri.endswith(TAKEN):
+            taken.add(uri.rsplit("/", 1)[-1][: -len(TAKEN)])
+        elif uri.endswith(".json"):
             try:
                 data = io.read_json(uri)
             except (ValueError, OSError) as err:  # removed since the listing (an attempt that gave way), or broken
@@ -111,7 +134,7 @@ def load_all(output: str) -> list[Attempt]:
                     log.warning("attempt record %s is not readable, left out: %s", uri, err)
                 continue
             attempts.append(Attempt(**{name: data[name] for name in Attempt.__dataclass_fields__ if name in data}))
-    return sorted(attempts, key=lambda a: a.started_at)
+    return sorted(attempts, key=lambda a: a.started_at), taken
 
 
 def _host_and_pid(name: str) -> tuple[str, int | None]:
@@ -157,27 +180,25 @@ def _process_exists(pid: int) -> bool:
 
 def running(output: str, mine: Attempt | None, heartbeat_seconds: float, now: float | None = None) -> list[Attempt]:
     """The attempts on ``output`` other than ``mine`` (None: any) that may still be running: not ended,
-    refreshed within the last ``3 x heartbeat_seconds`` (by their host's clock), and, where they ran
-    on this host and in this PID namespace, whose process is still there (a driver killed here gives
-    way at once)."""
+    not taken over (``mark_taken``), refreshed within the last ``3 x heartbeat_seconds`` (by their
+    host's clock), and, where they ran on this host and in this PID namespace, whose process is still
+    there (a driver killed here gives way at once)."""
+    records, taken = _records(output)
+    return [other for other in records if _may_run(other, mine, taken, heartbeat_seconds, now)]
+
+
+def _may_run(other: Attempt, mine: Attempt | None, taken: set[str], heartbeat_seconds: float,
+             now: float | None = None) -> bool:
+    """``running``'s test of one record."""
     now = time.time() if now is None else now
-    found = []
+    if ((mine is not None and other.name == mine.name) or other.ended or other.name in taken
+            or now - other.updated_at > 3 * heartbeat_seconds):
+        return False
+    host, pid = _host_and_pid(other.name)
     here = (socket.gethostname(), pid_namespace())
-    for other in load_all(output):
-        if (mine is not None and other.name == mine.name) or other.ended or now - other.updated_at > 3 * heartbeat_seconds:
-            continue
-        host, pid = _host_and_pid(other.name)
-        same_processes = host == here[0] and other.pid_namespace in ("", here[1])  # "": a record from before 2026-11-29
-        if same_processes and pid is not None and (pid == os.getpid() or not _process_exists(pid)):
-            continue  # this process's own pid: a killed driver's, reused (a container started again)
-        found.append(other)
-    return found
-
-
-def refuse_if_running(output: str, mine: Attempt | None, heartbeat_seconds: float) -> None:
-    """Raise ``ValueError`` naming another attempt still running on ``output``."""
-    if others := running(output, mine, heartbeat_seconds):
-        raise ValueError(_working(output, others[-1]))
+    same_processes = host == here[0] and other.pid_namespace in ("", here[1])  # "": a record from before 2026-11-29
+    # this process's own pid: a killed driver's, reused (a container started again)
+    return not (same_processes and pid is not None and (pid == os.getpid() or not _process_exists(pid)))
 
 
 def _working(output: str, other: Attempt) -> str:
@@ -194,7 +215,9 @@ def await_quiet(output: str, mine: Attempt | None, heartbeat_seconds: float, pol
     it (it lives: at most one heartbeat later); returns once no other is ``running`` (a driver killed
     anywhere, its record not refreshed for ``3 x heartbeat_seconds``; one killed on this host and in
     this PID namespace at once). So a driver started again right after one was killed (a restarted
-    container, a scheduler's retry) waits out the killed one's record instead of being refused."""
+    container, a scheduler's retry) waits out the killed one's record instead of being refused.
+    Going on, ``mine`` marks every other unended record taken (``mark_taken``): one of a paused
+    driver that wakes up later stops instead of writing beside it."""
     first_seen: dict[str, float] = {}
     said = False
     while others := running(output, mine, heartbeat_seconds):
@@ -210,22 +233,71 @@ def await_quiet(output: str, mine: Attempt | None, heartbeat_seconds: float, pol
                         "run goes on)", other.name, host, pid, output, time.time() - other.updated_at, wait)
             said = True
         time.sleep(poll_seconds)
+    if mine is not None:
+        mark_taken(output, mine, heartbeat_seconds)
+
+
+def mark_taken(output: str, mine: Attempt, heartbeat_seconds: float) -> None:
+    """Write ``<name>.taken`` beside the record of every other attempt on ``output`` that did not end
+    and is not ``running`` (``mine`` waited it out), naming ``mine``: a file its own heartbeat never
+    writes, so a paused one that wakes up finds it (``lease_lost``). A record written since ``mine``
+    last looked (another attempt starting now) is fresh, so not marked: that one sees ``mine`` at
+    work and gives way."""
+    records, taken = _records(output)
+    for other in records:
+        if (other.name != mine.name and not other.ended and other.name not in taken
+                and not _may_run(other, mine, taken, heartbeat_seconds)):
+            io.write_json(taken_uri(output, other.name), {"by": mine.name, "at": time.time()})
+
+
+class LostLeaseError(ValueError):
+    """This attempt may no longer write to its output: another took it over, an ``--overwrite``
+    deleted it, or a later ``--skip-existing`` job closed it."""
+
+
+def lease_lost(output: str, name: str) -> str | None:
+    """Why the attempt ``name`` has lost its lease on ``output`` (its record gone, or marked taken);
+    None while it holds it."""
+    if io.exists(marker := taken_uri(output, name)):
+        try:
+            by = io.read_json(marker).get("by")
+        except (ValueError, OSError):  # being written
+            by = None
+        host, pid = _host_and_pid(by) if by else ("?", None)
+        return (f"attempt {by} (host {host}, pid {pid}) took the output over after this attempt's record was not "
+                "refreshed in time (the process paused, or the store not written), and goes on with the job")
+    if not io.exists(record_uri(output, name)):
+        return "this attempt's record is gone: the output was deleted (an --overwrite) while it was not refreshed"
+    return None
+
+
+def check_lease(output: str, name: str, also: Callable[[], str | None] = lambda: None) -> None:
+    """Raise ``LostLeaseError`` if the attempt ``name`` lost its lease on ``output`` (``lease_lost``, or
+    ``also``'s reason: the output closed)."""
+    if (why := lease_lost(output, name) or also()) is not None:
+        raise LostLeaseError(lost_message(output, why))
+
+
+def lost_message(output: str, why: str) -> str:
+    return f"this attempt lost its lease on {output}: {why}; this one stops"
 
 
 class Heartbeat:
     """Refresh an attempt's record every ``seconds`` in a thread; ``stop`` refreshes it once more.
 
-    A refresh that comes more than ``LAPSE`` heartbeats after the record was last written (the
-    process was paused, or the store could not be written) first looks for another attempt running
-    on the output: one that waited out this attempt's silent record and took the output over. If
-    there is one, this attempt has lost its lease: ``lost`` names the other, the record is no
-    longer refreshed (until ``stop`` marks it ended), and ``check`` raises."""
+    Each refresh first asks whether the attempt still holds its lease (``lease_lost``, and ``also``:
+    the output closed); a refresh that comes more than ``LAPSE`` heartbeats after the record was last
+    written (the process was paused, or the store could not be written) also looks for another
+    attempt running on the output (one that waited out this attempt's silent record and has not yet
+    marked it taken). Once the lease is lost, ``lost`` says why, the record is never written again
+    (``stop`` included: the output may have been deleted, or be another's now), and ``check`` raises."""
 
     LAPSE = 2  # heartbeats; another attempt takes over after 3 (``running``), by its own clock
 
-    def __init__(self, output: str, attempt: Attempt, seconds: float) -> None:
-        self.output, self.attempt, self.seconds = output, attempt, seconds
-        self.lost: Attempt | None = None
+    def __init__(self, output: str, attempt: Attempt, seconds: float,
+                 also: Callable[[], str | None] = lambda: None) -> None:
+        self.output, self.attempt, self.seconds, self.also = output, attempt, seconds, also
+        self.lost: str | None = None
         self._written_at = time.time()  # the record's last successful write (``begin`` wrote it)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # ``sized`` from the job's thread, refreshes from this one
@@ -241,30 +313,31 @@ class Heartbeat:
         # a missed refresh only shortens this attempt's recorded time if the run is killed later
         with self._lock:
             try:
-                if self.lost is None and time.time() - self._written_at > self.LAPSE * self.seconds:
-                    self._look_for_a_taker()
-                if self.lost is None or self.attempt.ended:
+                if self.lost is None and (why := self._why_lost()) is not None:
+                    self.lost = why
+                    log.warning("%s", lost_message(self.output, why))
+                if self.lost is None:
                     self.attempt = refresh(self.output, self.attempt)
                     self._written_at = time.time()
             except Exception as err:
                 self.attempt = replace(self.attempt, updated_at=time.time())  # the report still counts it
                 log.warning("could not refresh the attempt record: %s: %s", type(err).__name__, err)
 
-    def _look_for_a_taker(self) -> None:
-        if others := running(self.output, self.attempt, self.seconds):
-            self.lost = others[-1]
-            host, pid = _host_and_pid(self.lost.name)
-            log.warning("this attempt's record on %s was not refreshed for %.0f s (the process paused, or the store not "
-                        "written), and attempt %s (host %s, pid %s) took the output over: this attempt gives way",
-                        self.output, time.time() - self._written_at, self.lost.name, host, pid)
+    def _why_lost(self) -> str | None:
+        if (why := lease_lost(self.output, self.attempt.name) or self.also()) is not None:
+            return why
+        if time.time() - self._written_at > self.LAPSE * self.seconds:
+            if others := running(self.output, self.attempt, self.seconds):
+                host, pid = _host_and_pid(others[-1].name)
+                return (f"its record was not refreshed for {time.time() - self._written_at:.0f} s (the process paused, "
+                        f"or the store not written), and attempt {others[-1].name} (host {host}, pid {pid}) took the "
+                        "output over and goes on with the job")
+        return None
 
     def check(self) -> None:
-        """Raise ``ValueError`` once this attempt has lost its lease to another (see the class)."""
-        if (other := self.lost) is not None:
-            host, pid = _host_and_pid(other.name)
-            raise ValueError(f"this attempt lost its lease on {self.output}: its record was not refreshed in time (the "
-                             f"process paused, or the store not written), and attempt {other.name} (host {host}, pid "
-                             f"{pid}) took the output over and goes on with the job; this one stops")
+        """Raise ``LostLeaseError`` once this attempt has lost its lease (see the class)."""
+        if self.lost is not None:
+            raise LostLeaseError(lost_message(self.output, self.lost))
 
     def sized(self, device: str, devices: float, price_per_hour: float) -> None:
         """The devices the attempt's actors compute on, once they are sized (written next refresh)."""
@@ -273,9 +346,9 @@ class Heartbeat:
 
     def stop(self, write: bool = True) -> Attempt:
         """The attempt as of now, its record refreshed once more and marked ended (a failure to
-        write it is logged: the job's report, written next, holds the same time); ``write`` False:
-        the record is left as it is (the output is about to be deleted). Stopping again returns the
-        same attempt and writes nothing."""
+        write it is logged: the job's report, written next, holds the same time; nothing is written
+        once the lease is lost); ``write`` False: the record is left as it is (the output is about
+        to be deleted). Stopping again returns the same attempt and writes nothing."""
         if self._stop.is_set():
             return self.attempt
         self._stop.set()

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TextIO
 
 import ray
@@ -444,6 +444,7 @@ def run_job(
     one_block_per_chunk()
     resumed = False if overwrite else commit.claim_output(output.uri, output.run_id, arguments)
     heartbeat = begin_attempt(output, resources, report, progress, started, claimed=not overwrite)
+    output = replace(output, attempt=heartbeat.attempt.name)  # its writers check its lease
     try:
         if overwrite:  # an attempt starting during the delete finds this one's record and gives way
             commit.discard(output.uri, keep=attempts.record_uri(output.uri, heartbeat.attempt))
@@ -474,9 +475,11 @@ def begin_attempt(output: commit.OutputConfig, resources: ResourceConfig, report
     attempt = attempts.begin(output.uri, device, 0, report.price(device), started)
     # refreshed while it waits for another's record to show life or go stale: of two attempts started
     # together, each then sees the other refresh, and both give way (neither runs), as without the wait
-    heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds)
+    heartbeat = attempts.Heartbeat(output.uri, attempt, progress.heartbeat_seconds,
+                                   also=lambda: commit.closed_reason(output.uri))
     try:
         attempts.await_quiet(output.uri, attempt, progress.heartbeat_seconds)
+        attempts.check_lease(output.uri, attempt.name)  # another, starting beside it, may have waited it out
         if claimed:
             commit.check_claim(output.uri, output.run_id)
             commit.check_open(output.uri)  # after its record: a --skip-existing job closing it now sees it
@@ -506,7 +509,8 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         if resources.device == "gpu":  # its GPU nodes start while the index is built (on their CPUs)
             to_do = [shard for shard in planned if not state.complete(shard.shard_id)]
             request_gpus(resources, chunks_at_least(to_do, prepare.read))
-        index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests))
+        index = idindex.ensure_index(planned, prepare, output.uri, skip_existing, resources.index, bool(state.manifests),
+                                     fence=lambda: commit.check_lease(output))
         heartbeat.check()
         todo = [(shard, shard_index) for shard, shard_index in zip(planned, index) if not state.complete(shard.shard_id)]
         shards = [

@@ -8,6 +8,8 @@ _commits/<shard>/<index>.json                     chunk manifest: counters + pro
 _commits/<shard>/_chunks-<n>.json                 the shard was read to the end and has n chunks
 _job.json                                         run id and arguments of the job writing here
 _dedup/                                           the id index: dedup and skip verdicts (pipelines/idindex.py)
+_attempts/<attempt>.json (and .taken)             each attempt's time, and the output's lease (pipelines/attempts.py)
+_closed.json                                      a later --skip-existing job took the unfinished rest over (``close``)
 _report.json, _report.md                          written last, when every chunk is committed
 ```
 
@@ -29,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from pipelines import accounting, io
+from pipelines import accounting, attempts, io
 from pipelines.schema import PARTITION_COLUMN, partition_value
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -65,6 +67,7 @@ _SHARD_NAME = re.compile(r"/_commits/([0-9a-f]+)/_chunks-(\d+)\.json$")
 class OutputConfig:
     uri: str
     run_id: str
+    attempt: str | None = None  # the attempt writing (its lease is checked before each chunk's writes); None: unchecked
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri:
@@ -99,6 +102,15 @@ def existing_job(output: str) -> tuple[dict | None, bool]:
     if io.exists(marker):
         return io.read_json(marker), True
     return None, bool(io.list_files(output))
+
+
+def leftovers_only(output: str) -> bool:
+    """``output`` holds files, and only what a deletion of a job leaves when it is killed after the
+    claim went (attempt records, ``_attempts/``, and files on their way, ``.tmp-*``): no job, and
+    nothing of one but its lease; deleted under a lease by the next run (``discard``)."""
+    files = io.list_files(output)
+    prefix = io.join(output, attempts.DIRECTORY) + "/"
+    return bool(files) and all(uri.startswith(prefix) or uri.rsplit("/", 1)[-1].startswith(".tmp-") for uri in files)
 
 
 def differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
@@ -157,6 +169,7 @@ def check_claim(output: str, run_id: str) -> None:
                          "use a new --output")
 
 
+START_OVER = "use a new --output, or --overwrite to start the job over"  # when its input changed: no resume
 CLOSED = "_closed.json"  # an unfinished output whose remaining products a later --skip-existing job took over
 
 
@@ -177,15 +190,37 @@ def reopen(output: str) -> None:
 
 
 def check_open(output: str) -> None:
-    """``ValueError`` if the job in ``output`` was closed by a later --skip-existing job (``close``)."""
+    """``ValueError`` if the job in ``output`` was closed by a later --skip-existing job (``close``).
+
+    A close by a job that has since left its output (it failed before it committed anything, and
+    deleted what it wrote: no ``_job.json`` there) took over nothing: it is taken back here."""
     marker = io.join(output, CLOSED)
-    if io.exists(marker):
-        closed = io.read_json(marker)
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(closed.get("at", 0)))
-        raise ValueError(f"the job in {output} is closed: `hpd extract --skip-existing` for {closed.get('by')} found it "
-                         f"unfinished on {when} and took over the products it had not committed; resuming it would "
-                         "write those twice. Its committed values stand as they are; --overwrite starts it over (its "
-                         "products are then in both outputs)")
+    if not io.exists(marker):
+        return
+    closed = io.read_json(marker)
+    if closed.get("by") and not io.exists(io.join(closed["by"], "_job.json")):
+        reopen(output)
+        return
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(closed.get("at", 0)))
+    raise ValueError(f"the job in {output} is closed: `hpd extract --skip-existing` for {closed.get('by')} found it "
+                     f"unfinished on {when} and took over the products it had not committed; resuming it would "
+                     "write those twice. Its committed values stand as they are; --overwrite starts it over (its "
+                     "products are then in both outputs)")
+
+
+def closed_reason(output: str) -> str | None:
+    """Why no attempt may write to ``output`` any more: a later --skip-existing job closed it (``close``)."""
+    if io.exists(marker := io.join(output, CLOSED)):
+        by = io.read_json(marker).get("by")
+        return f"`hpd extract --skip-existing` for {by} closed it and extracts the products it had not committed"
+    return None
+
+
+def check_lease(output: OutputConfig) -> None:
+    """``attempts.LostLeaseError`` if the attempt writing ``output`` may no longer write there (see
+    pipelines/attempts.py); nothing for an unnamed attempt."""
+    if output.attempt is not None:
+        attempts.check_lease(output.uri, output.attempt, also=lambda: closed_reason(output.uri))
 
 
 def _deletion_rank(name: str) -> int:
@@ -256,6 +291,7 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
         attributes = io.table_from_bytes(row["attributes"])
         rejected = io.table_from_bytes(row["rejected"])
         accounting.check_chunk(row["chunk"], row, stats, attributes, rejected)  # by row identity, before any write
+        check_lease(output)  # a paused attempt that woke up after another took over writes nothing
         for category in row["categories"]:
             uri = attributes_uri(output.uri, category, row["chunk"])
             part = attributes.filter(pc.equal(attributes[PARTITION_COLUMN], category))
@@ -277,6 +313,7 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
             "owned_ids": row["owned_ids"],
             "rejected_ids": row["rejected_ids"],
         }
+        check_lease(output)  # again before the commit: the files may have taken a while
         io.write_json(commit_uri(output.uri, row["shard"], row["index"]), manifest)
         summaries.append({"chunk": row["chunk"], "stats": row["stats"]})
     return pa.Table.from_pylist(summaries, schema=pa.schema([("chunk", pa.string()), ("stats", pa.string())]))

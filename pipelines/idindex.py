@@ -64,7 +64,7 @@ log = logging.getLogger("hpd.extract")
 INDEX_DIR = "_dedup"
 MARKER = "_index.json"
 MANIFESTS_PER_TASK = 256
-START_OVER = "use a new --output, or --overwrite to start the job over"  # when its input changed: no resume
+START_OVER = commit.START_OVER
 
 
 class InputChangedError(RuntimeError):
@@ -204,8 +204,10 @@ def cut(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
     return intervals
 
 
-def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> list[ShardIndex] | None:
-    """The output's finished index for these shards; None if there is none yet."""
+def load_index(output_uri: str, shards: list[reader.Shard], committed: bool,
+               fence: Callable[[], None] = lambda: None) -> list[ShardIndex] | None:
+    """The output's finished index for these shards; None if there is none yet. ``fence`` raises if
+    this attempt may no longer write there (checked before it deletes anything)."""
     directory = io.join(output_uri, INDEX_DIR)
     if not io.exists(io.join(directory, MARKER)):
         if committed:
@@ -216,6 +218,7 @@ def load_index(output_uri: str, shards: list[reader.Shard], committed: bool) -> 
     if [s["shard_id"] for s in index["shards"]] != [s.shard_id for s in shards]:
         raise ValueError(f"--input changed since the job in {output_uri} started: {_changed_files(index, shards)}; "
                          f"resuming would mix two inputs: {START_OVER}")
+    fence()
     delete_stale_builds(output_uri, index["build"])
     return _shard_indexes(index, io.join(directory, index["build"]))
 
@@ -269,9 +272,11 @@ def run_bounded(submit: Callable[[int], ray.ObjectRef], count: int, task_cpus: f
 
 
 def build_index(
-    shards: list[reader.Shard], prepare: PrepareConfig, output_uri: str, skip_existing: str | None, config: IndexConfig
+    shards: list[reader.Shard], prepare: PrepareConfig, output_uri: str, skip_existing: str | None, config: IndexConfig,
+    fence: Callable[[], None] = lambda: None,
 ) -> list[ShardIndex]:
-    """Map, cut, reduce; write ``_index.json``; return what each shard needs."""
+    """Map, cut, reduce; write ``_index.json`` (``fence`` first: it raises if this attempt may no
+    longer write there); return what each shard needs."""
     started, name = time.time(), uuid.uuid4().hex[:12]
     build = io.join(output_uri, INDEX_DIR, name)
     earlier = find_earlier(skip_existing, output_uri) if skip_existing else EarlierIds()
@@ -333,6 +338,7 @@ def build_index(
         "existing": sum(r["existing"] for r in reduced),
         "seconds": round(time.time() - started, 3),
     }
+    fence()  # an attempt that was paused while another took over publishes nor deletes any build
     io.write_json(io.join(output_uri, INDEX_DIR, MARKER), index)
     delete_stale_builds(output_uri, name)
     for uri in [run.uri for run in runs + mapped_earlier] + [io.join(build, r["verdicts"]) for r in reduced if r["verdicts"]]:
@@ -344,11 +350,12 @@ def build_index(
 
 def ensure_index(
     shards: list[reader.Shard], prepare: PrepareConfig, output_uri: str, skip_existing: str | None,
-    config: IndexConfig, committed: bool,
+    config: IndexConfig, committed: bool, fence: Callable[[], None] = lambda: None,
 ) -> list[ShardIndex]:
-    """The finished index of this output (resume), or a new one."""
-    index = load_index(output_uri, shards, committed)
-    return index if index is not None else build_index(shards, prepare, output_uri, skip_existing, config)
+    """The finished index of this output (resume), or a new one; ``fence`` raises if this attempt may
+    no longer write there."""
+    index = load_index(output_uri, shards, committed, fence)
+    return index if index is not None else build_index(shards, prepare, output_uri, skip_existing, config, fence)
 
 
 def shard_verdicts(index: ShardIndex) -> np.ndarray:

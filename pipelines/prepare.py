@@ -102,8 +102,8 @@ def prepare_chunk(records: list[reader.RawRecord], config: PrepareConfig, verdic
     rows = []
     for record in records:
         if record.row >= len(verdicts):
-            raise RuntimeError(f"row {record.row} is past the {len(verdicts)} rows the id index counted in this "
-                               "shard: the input changed since the run started; use a new --output")
+            raise InputChangedError(f"row {record.row} is past the {len(verdicts)} rows the id index counted in this "
+                                    f"shard: the input changed since the job started; {START_OVER}")
         verdict = verdicts[record.row]
         if record.error is not None:
             rows.append(_row(record, REJECTED, record.error, "read"))
@@ -158,6 +158,6 @@ def prepare_shards(batch: pa.Table, config: PrepareConfig) -> Iterator[pa.Table]
         expected = min(len(verdicts), shard.max_rows or len(verdicts))
         if rows_read != expected:  # fewer: a read cut short that did not raise; never mark such a shard read
             raise RuntimeError(f"read {rows_read} rows of {shard.uri} (bytes {shard.start}-{shard.end}) where the id "
-                               f"index counted {expected}: the input changed or could not be read whole; "
-                               "run the same command again to resume, or use a new --output if it changed")
+                               f"index counted {expected}: the input changed or could not be read whole (if it "
+                               f"changed: {START_OVER})")  # the job adds: run the same command again to resume
         mark_shard_read(config.output_uri, shard.shard_id, chunks)

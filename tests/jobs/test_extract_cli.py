@@ -403,6 +403,27 @@ def test_overwrite_deletes_the_earlier_job_and_starts_over(ray_cluster, tmp_path
         r["product_id"] for r in sample_records())
 
 
+def test_an_output_left_with_only_attempt_records_is_cleared_and_run(ray_cluster, tmp_path, capsys):
+    """A deletion killed after the claim went (--overwrite, or a failed run's clean-up: a pod's grace
+    period spent on a long S3 delete) leaves only attempt records: such an output was refused as
+    "not an hpd extract output", --overwrite too (helper-50, session 56). Their records are deleted
+    (under a lease) and the job runs, its report counting its own attempt only."""
+    output = tmp_path / "out"
+    now = time.time()
+    attempts.save(str(output), attempts.Attempt(f"{int(now * 1000) - 9:015d}-other-host-7", now - 99, now - 60, "cpu",
+                                                1, 0.0425))
+    (output / attempts.DIRECTORY / ".tmp-x-0").write_text("{")
+    assert run_extract(extract_args(SAMPLE, output, "--limit", 4)) == 0
+    assert "holds only attempt records, left by a deletion that was stopped" in capsys.readouterr().err
+    assert report(str(output))["attempts"] == 1 and report(str(output))["products_out"] == 4
+    (output / "stray.txt").write_text("x")  # anything else is still refused
+    other = tmp_path / "other"
+    attempts.save(str(other), attempts.Attempt("000000000000001-h-1", 1.0, 2.0, "cpu", 1, 0.0425))
+    (other / "stray.txt").write_text("x")
+    assert run_extract(extract_args(SAMPLE, other, "--limit", 4)) == 2
+    assert "holds files that are not an hpd extract output" in capsys.readouterr().err
+
+
 def test_a_failed_run_leaves_nothing_and_the_corrected_command_runs(ray_cluster, tmp_path, capsys):
     source = tmp_path / "in.jsonl"
     records = [{"product_id": f"t{i}", "category": "Tea", "title": f"tea {i}"} for i in range(6)]

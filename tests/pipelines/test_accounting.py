@@ -226,6 +226,22 @@ def test_the_writer_commits_nothing_for_a_chunk_that_does_not_add_up(good, tmp_p
     assert len(read_rejected(output.uri)) == 2
 
 
+def test_the_writer_writes_nothing_for_an_attempt_that_lost_its_lease(good, tmp_path):
+    """The writers check the attempt's lease before a chunk's files and again before its manifest: a
+    paused attempt's writers, woken after another took the output over, overwrote that one's files."""
+    from pipelines import attempts
+
+    output = OutputConfig(str(tmp_path / "out"), "r", attempt="000000000000001-host-1")
+    attempts.save(output.uri, attempts.Attempt(output.attempt, 1.0, 2.0, "cpu", 1, 0.0425))
+    io.write_json(attempts.taken_uri(output.uri, output.attempt), {"by": "000000000000002-host-2"})
+    with pytest.raises(attempts.LostLeaseError, match="attempt 000000000000002-host-2 .*took the output over"):
+        write_chunk(pa.Table.from_pylist([good]), output)
+    assert [uri for uri in io.list_files(output.uri) if "/_attempts/" not in uri] == []
+    io.delete_if_exists(attempts.taken_uri(output.uri, output.attempt))
+    write_chunk(pa.Table.from_pylist([good]), output)
+    assert set(read_attributes(output.uri).column("product_id").to_pylist()) == {"shoe-0", "shoe-1"}
+
+
 def test_progress_moves_with_each_finished_prompt_and_a_retried_prompt_counts_once():
     """A decoder that reports each prompt as it finishes (the engine's sessions do, and so does the
     dry-run decoder) moves the line inside one call; a call that fails after some prompts finished

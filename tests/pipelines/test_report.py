@@ -1,10 +1,11 @@
 """The report describes the whole job: time and cost summed over attempts, each at its device's price."""
 
+import re
 import time
 
 import pytest
 
-from pipelines import attempts
+from pipelines import attempts, io
 from pipelines.build import ActorSizing
 from pipelines import report as report_module
 from pipelines.report import ReportConfig, Stats, build_report, render_markdown, write_report
@@ -181,16 +182,23 @@ def test_an_attempt_is_running_until_it_ends_goes_quiet_or_its_process_is_gone(t
     assert found == {records["elsewhere"].name, records["alive here"].name, records["dead here, other namespace"].name,
                      records["dead here, another boot"].name}  # never mine
     assert {a.name for a in attempts.running(output, None, heartbeat_seconds=15)} == found  # mine: this process's pid
-    with pytest.raises(ValueError, match=r"another `hpd extract` is working on .*out \(attempt .*: host other-host, "
-                       r"pid 7, last seen 10 s ago\): two at once would write the same chunks"):
-        attempts.refuse_if_running(output, mine, heartbeat_seconds=15)
+    assert re.fullmatch(r"another `hpd extract` is working on .*out \(attempt .*: host other-host, pid 7, last seen 10 s "
+                        r"ago\): two at once would write the same chunks. Wait for it to end or stop it",
+                        attempts._working(output, records["elsewhere"]))
+    attempts.mark_taken(output, mine, heartbeat_seconds=15)  # a live one is not marked
+    assert {a.name for a in attempts.running(output, mine, heartbeat_seconds=15)} == found
+    for record in records.values():
+        io.write_json(attempts.taken_uri(output, record.name), {"by": mine.name})  # taken over: no longer running, whatever its record says
+    assert attempts.running(output, mine, heartbeat_seconds=15) == []
+    for record in records.values():
+        io.delete_if_exists(attempts.taken_uri(output, record.name))
     (tmp_path / "out" / attempts.DIRECTORY / "broken.json").write_text("{")  # left out of the records, with a warning
     assert len(attempts.load_all(output)) == len(records) + 1
     attempts.remove(output, records["elsewhere"])
     attempts.remove(output, records["alive here"])
     attempts.remove(output, records["dead here, other namespace"])
     attempts.remove(output, records["dead here, another boot"])
-    attempts.refuse_if_running(output, mine, heartbeat_seconds=15)  # nothing else running
+    assert attempts.running(output, mine, heartbeat_seconds=15) == []  # nothing else running
 
 
 def test_a_new_attempt_waits_out_a_silent_record_and_gives_way_to_a_live_one(tmp_path, caplog):
@@ -325,14 +333,74 @@ def test_an_attempt_whose_record_lapsed_gives_way_to_the_one_that_took_over(tmp_
         silent = attempts.load_all(output)[0].updated_at
         cut_off = False
         time.sleep(4 * hb)
-        assert heartbeat.lost is not None and heartbeat.lost.name.endswith("-other-host-9")
+        assert heartbeat.lost is not None and "-other-host-9" in heartbeat.lost
         assert attempts.load_all(output)[0].updated_at == silent  # it no longer refreshes
-        with pytest.raises(ValueError, match="lost its lease .*-other-host-9 .*took the output over"):
+        with pytest.raises(attempts.LostLeaseError, match="lost its lease .*-other-host-9 .*took the output over"):
             heartbeat.check()
-        assert "took the output over: this attempt gives way" in caplog.text
-        assert heartbeat.stop().ended and attempts.load_all(output)[0].ended  # its time still counts
+        assert "lost its lease" in caplog.text
+        assert heartbeat.stop().ended  # nor writes its record when it stops: the output is another's now
+        assert attempts.load_all(output)[0].updated_at == silent  # its time up to the pause still counts
     finally:
         taker.stop()
+
+
+def test_an_attempt_waited_out_is_marked_taken_and_loses_its_lease_when_it_wakes_up(tmp_path):
+    """A driver paused longer than 3 heartbeats (SIGSTOP, a frozen VM) is waited out by a new attempt;
+    when it woke up it went on writing into the output beside the new one, and after an --overwrite
+    into the new job's files (helper-50, session 56: 8 products lost, 28 written by both runs). The
+    new attempt now marks the record it waited out taken, in a file the paused one never writes:
+    its heartbeat then stops refreshing, never writes its record again, and its writers refuse."""
+    from pipelines import commit
+
+    output, hb = str(tmp_path / "out"), 0.05
+    now = time.time()
+    paused = attempts.save(output, attempts.Attempt(f"{int(now * 1000) - 9:015d}-other-host-7", now - 9, now - 1,
+                                                    "cpu", 1, 0.0425))
+    taker = attempts.begin(output, "cpu", 0, 0.0425, started_at=now)
+    attempts.await_quiet(output, taker, hb)  # stale: goes on at once, and marks it
+    assert io.read_json(attempts.taken_uri(output, paused.name))["by"] == taker.name
+    assert attempts.lease_lost(output, taker.name) is None
+
+    heartbeat = attempts.Heartbeat(output, paused, seconds=hb)  # it wakes up
+    time.sleep(4 * hb)
+    assert heartbeat.lost is not None and f"attempt {taker.name} (host " in heartbeat.lost
+    with pytest.raises(attempts.LostLeaseError, match="lost its lease .* took the output over"):
+        heartbeat.check()
+    heartbeat.stop()
+    record = next(a for a in attempts.load_all(output) if a.name == paused.name)
+    assert record == paused  # never written again
+    with pytest.raises(attempts.LostLeaseError, match="took the output over"):
+        commit.check_lease(commit.OutputConfig(output, "r", attempt=paused.name))
+    commit.check_lease(commit.OutputConfig(output, "r", attempt=taker.name))
+    commit.check_lease(commit.OutputConfig(output, "r"))  # no attempt named: not checked
+
+    attempts.remove(output, taker)  # its record gone: an --overwrite deleted the output meanwhile
+    with pytest.raises(attempts.LostLeaseError, match="record is gone: the output was deleted"):
+        commit.check_lease(commit.OutputConfig(output, "r", attempt=taker.name))
+    attempts.save(output, taker)
+    commit.close(output, str(tmp_path / "night-2"))  # a later --skip-existing job closed it
+    with pytest.raises(attempts.LostLeaseError, match="--skip-existing` for .*night-2 closed it"):
+        commit.check_lease(commit.OutputConfig(output, "r", attempt=taker.name))
+    closed = attempts.Heartbeat(output, taker, seconds=hb, also=lambda: commit.closed_reason(output))
+    time.sleep(4 * hb)
+    assert "closed it" in (closed.lost or "")
+    closed.stop()
+
+
+def test_a_close_by_a_job_that_left_its_output_is_taken_back(tmp_path):
+    """A --skip-existing job that closed an unfinished output and then failed before it committed
+    anything deletes its own output: its close took over nothing, and left the earlier job refused
+    for good (helper-50, session 56). A resume now takes such a close back."""
+    from pipelines import commit
+
+    earlier, later = str(tmp_path / "dt=1"), str(tmp_path / "dt=2")
+    io.write_json(io.join(later, "_job.json"), {"run_id": "r2"})
+    commit.close(earlier, later)
+    with pytest.raises(ValueError, match="is closed"):
+        commit.check_open(earlier)  # the later job holds its output: it took the products over
+    io.delete_if_exists(io.join(later, "_job.json"))  # it failed and deleted what it wrote
+    commit.check_open(earlier)
+    assert not io.exists(io.join(earlier, commit.CLOSED))
 
 
 def test_an_overwrite_deletes_under_a_lease_that_an_attempt_starting_meanwhile_respects(tmp_path, monkeypatch):
@@ -348,7 +416,7 @@ def test_an_overwrite_deletes_under_a_lease_that_an_attempt_starting_meanwhile_r
     io.write_json(io.join(output, "_job.json"), {"run_id": "old"})
     io.write_json(io.join(output, "_commits", "s", "000000.json"), {})
     attempts.save(output, attempts.Attempt("000000000000001-other-host-7", now - 99, now - 90, "cpu", 1, 0.04, ended=True))
-    probe = "import sys; from pipelines import attempts; attempts.refuse_if_running(sys.argv[1], None, 15)"
+    probe = "import sys; from pipelines import attempts; sys.exit(1 if attempts.running(sys.argv[1], None, 15) else 0)"
     seen, discard = {}, commit.discard
 
     def discard_and_look(uri, keep=None):  # another process starts on the output while the files go
@@ -359,7 +427,7 @@ def test_an_overwrite_deletes_under_a_lease_that_an_attempt_starting_meanwhile_r
 
     monkeypatch.setattr(commit, "discard", discard_and_look)
     build.delete_under_lease(output)
-    assert seen["probe"].returncode == 1 and "another `hpd extract` is working on" in seen["probe"].stderr
+    assert seen["probe"].returncode == 1, seen["probe"].stderr  # it sees the delete's lease
     (lease,) = seen["left"]  # everything but the lease, which goes last
     assert lease.startswith(io.join(output, attempts.DIRECTORY)) and io.list_files(output) == []
 

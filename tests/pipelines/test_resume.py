@@ -134,3 +134,22 @@ def test_an_input_rewritten_under_committed_chunks_is_refused_and_a_copy_is_not(
         io.delete_if_exists(uri)
     assert run_extract(argv) == 1
     assert "are not those the id index read when the job began" in capsys.readouterr().err
+
+
+def test_an_unfinished_job_whose_input_is_now_empty_is_refused_not_finished(ray_cluster, tmp_path, capsys):
+    """An input emptied under an unfinished job made its resume a finished job of 0 products (the
+    empty-input shortcut wrote `_report.json`), and later `--skip-existing` runs skipped the products
+    it never wrote (helper-50, session 56: 300 lost). It is now refused as a changed input."""
+    from .helpers import run_extract, sample_records
+
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(sample_records()))
+    output = tmp_path / "out"
+    argv = extract_args(source, output, "--chunk-rows", 10, "--group-chunks", 1)
+    assert run_extract(argv) == 0
+    for uri in sorted(commits(str(output)))[2:] + [io.join(str(output), "_report.json")]:
+        io.delete_if_exists(uri)  # as if killed after two chunks
+    source.write_bytes(b"")
+    assert run_extract(argv) == 2
+    assert "holds no rows now, but the unfinished job in --output" in capsys.readouterr().err
+    assert not io.exists(io.join(str(output), "_report.json"))
