@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -59,6 +60,7 @@ REJECTED_SCHEMA = pa.schema(
     [("record", pa.string()), ("reason", pa.string()), ("stage", pa.string()), ("run_id", pa.string())]
 )
 INDEX_DIGITS = 6
+WRITE_THREADS = 16  # a chunk's files written at once (write_chunk)
 _COMMIT_NAME = re.compile(r"/_commits/([0-9a-f]+)/(\d+)\.json$")
 _SHARD_NAME = re.compile(r"/_commits/([0-9a-f]+)/_chunks-(\d+)\.json$")
 
@@ -292,7 +294,8 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
         rejected = io.table_from_bytes(row["rejected"])
         accounting.check_chunk(row["chunk"], row, stats, attributes, rejected)  # by row identity, before any write
         check_lease(output)  # a paused attempt that woke up after another took over writes nothing
-        for category in row["categories"]:
+
+        def write_category(category: str) -> None:
             uri = attributes_uri(output.uri, category, row["chunk"])
             part = attributes.filter(pc.equal(attributes[PARTITION_COLUMN], category))
             if part.num_rows:
@@ -301,10 +304,19 @@ def write_chunk(batch: pa.Table, output: OutputConfig) -> pa.Table:
                 io.write_parquet(uri, part.drop_columns([PARTITION_COLUMN]))
             else:
                 io.delete_if_exists(uri)
-        if rejected.num_rows:
-            io.write_parquet(rejected_uri(output.uri, row["chunk"]), rejected)
-        else:
-            io.delete_if_exists(rejected_uri(output.uri, row["chunk"]))
+
+        def write_rejected() -> None:
+            if rejected.num_rows:
+                io.write_parquet(rejected_uri(output.uri, row["chunk"]), rejected)
+            else:
+                io.delete_if_exists(rejected_uri(output.uri, row["chunk"]))
+
+        # a chunk's files at once: one request each on S3, a file per category of the chunk (dozens
+        # with many categories); one after another they kept the writers far behind the decoders
+        writes = [lambda category=category: write_category(category) for category in row["categories"]]
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(writes) + 1)) as pool:
+            for done in [pool.submit(write) for write in [*writes, write_rejected]]:
+                done.result()  # the first error, after every write has ended (none left running)
         manifest = {
             "chunk": row["chunk"],
             "run_id": output.run_id,

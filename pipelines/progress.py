@@ -82,9 +82,12 @@ def duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
-def render(done: int, total: int | None, exact: bool, rate: float | None, elapsed: float, decoding: int = 0) -> str:
+def render(done: int, total: int | None, exact: bool, rate: float | None, elapsed: float, decoding: int = 0,
+           committed: int | None = None) -> str:
     """The progress line (without a newline), in input rows (a rejected row counts as done, as the
-    total counts it). ``decoding``: products in decoder calls under way."""
+    total counts it). ``decoding``: products in decoder calls under way; ``committed``: rows of
+    committed chunks, said when fewer than ``done`` (decoded chunks wait for their writers: on S3,
+    or with many categories a chunk, that can take a while, and a job stopped then redoes them)."""
     tilde = "" if exact else "~"
     if total:
         share = min(100, int(100 * done / total))
@@ -98,6 +101,8 @@ def render(done: int, total: int | None, exact: bool, rate: float | None, elapse
         line += f", ETA {tilde}{duration((total - done) / rate)}"
     if decoding:
         line += f", {decoding} being decoded"
+    if committed is not None and committed < done:
+        line += f", {committed} committed" + (f" ({int(100 * committed / total)}%)" if total else "")
     return f"{line}, {duration(elapsed)} elapsed"
 
 
@@ -154,9 +159,10 @@ class ProgressLine:
             in_flight = [counts for chunk, counts in chunks.items() if chunk not in self.committed]
             done_now = self.committed_rows + sum(decoded for decoded, _ in in_flight)
             done, total, exact = self.previous_rows + done_now, self.total, self.exact
+            committed = self.previous_rows + self.committed_rows
         decoding = sum(to_decode - decoded for decoded, to_decode in in_flight)
         rate = done_now / max(now - first_start, 1e-9) if first_start else None
-        return render(done, total, exact, rate, now - self.started, decoding)
+        return render(done, total, exact, rate, now - self.started, decoding, committed)
 
     def _run(self) -> None:
         interval = self.config.tty_seconds if self.tty else self.config.log_seconds

@@ -21,6 +21,11 @@ def test_render_has_done_total_rate_and_eta():
     assert render(5, 9000, False, 0.5, 3) == "extract: 5/~9000 rows (0%), 0.50 rows/s, ETA ~4h59m, 3s elapsed"
     assert render(7, None, False, 2.0, 3) == "extract: 7 rows, 2.00 rows/s, 3s elapsed"
     assert render(0, 40, True, 0.0, 30, decoding=40) == "extract: 0/40 rows (0%), 0.00 rows/s, 40 being decoded, 30s elapsed"
+    # decoded chunks waiting for their writers (S3, many categories a chunk): the line said 100% for
+    # a minute while 10% of the chunks were committed (helper-51, session 56)
+    assert (render(400, 400, True, 5.0, 86, committed=40)
+            == "extract: 400/400 rows (100%), 5.00 rows/s, 40 committed (10%), 1m26s elapsed")
+    assert render(400, 400, True, 5.0, 86, committed=400) == "extract: 400/400 rows (100%), 5.00 rows/s, 1m26s elapsed"
 
 
 class Tty(stdio.StringIO):
