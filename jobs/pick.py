@@ -258,8 +258,8 @@ def run(args: argparse.Namespace) -> int:
         sampled = "" if looked_up == total else f"; it looked up only those it may pick and their reserves, of {total}"
         print(f"hpd pick: warning: {missing} of the {looked_up} products of {args.output} are not in {read.uri} as the "
               f"job read it ({other_category} under another category{sampled}): is it the job's input?", file=sys.stderr)
-    print(f"hpd pick: {len(chosen)} of {total} products (seed {config.seed}): "
-          + ", ".join(f"{c} {n}" for c, n in sorted(per_category.items())), file=sys.stderr)
+    print(f"hpd pick: {len(chosen)} of {total} products (seed {config.seed}): {by_category(per_category)}",
+          file=sys.stderr)
     if len(chosen) > config.count:
         print(f"  more than --count {config.count}: at least {config.min_per_category} of each of the "
               f"{len(per_category)} categories (--min-per-category)", file=sys.stderr)
@@ -280,3 +280,17 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"picked": len(chosen), "of": total, "looked_up": looked_up, "not_in_input": missing,
                       "seed": config.seed, "per_category": dict(sorted(per_category.items())), "out": str(args.out)}))
     return 0
+
+
+SHOWN_CATEGORIES = 12  # the summary names each category up to this many, then the most and least picked
+
+
+def by_category(per_category: Counter) -> str:
+    """The picks per category in words: every one, or for many categories the most and least picked
+    (a catalog of 2,000 categories made a 24 KB line that buried the warnings after it)."""
+    if len(per_category) <= SHOWN_CATEGORIES:
+        return ", ".join(f"{c} {n}" for c, n in sorted(per_category.items()))
+    ranked = sorted(per_category.items(), key=lambda item: (-item[1], item[0]))
+    half = SHOWN_CATEGORIES // 2
+    return (f"{len(per_category)} categories, the most picked {', '.join(f'{c} {n}' for c, n in ranked[:half])}; the "
+            f"least {', '.join(f'{c} {n}' for c, n in ranked[-half:])} (all of them: the JSON line's per_category)")

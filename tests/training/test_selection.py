@@ -550,3 +550,15 @@ def test_cli_holds_the_picks_not_the_output(tmp_path, capsys, monkeypatch):
     assert wanted == {r["product_id"] for r in picked} and len(paths) <= 300
     products = [(r["product_id"], r["category"]) for r in records]
     assert [r["product_id"] for r in picked] == select(products, SelectionConfig(300))  # the slow reference agrees
+
+
+def test_the_summary_names_every_category_of_a_few_and_the_extremes_of_many():
+    from collections import Counter
+
+    from jobs.pick import SHOWN_CATEGORIES, by_category
+
+    assert by_category(Counter({"Tea": 2, "Shoes": 3})) == "Shoes 3, Tea 2"
+    many = Counter({f"Cat {i:04d}": 2 for i in range(2000)} | {"Big": 40, "Small": 1})
+    line = by_category(many)
+    assert line.startswith("2002 categories, the most picked Big 40, Cat 0000 2") and line.count(",") < 2 * SHOWN_CATEGORIES
+    assert "the least" in line and "Small 1 (all of them: the JSON line's per_category)" in line
