@@ -125,6 +125,15 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(uri).rstrip("/") or "/"
 
 
+def _s3_key(uri: str) -> tuple[str, str] | None:
+    """(bucket, key) of an ``s3://`` URI, None for a local path; no file system built (one that then
+    makes requests opens its own connections: a new one per small write made them slow)."""
+    if not uri.startswith("s3://"):
+        return None
+    bucket, _, key = uri[len("s3://") :].rstrip("/").partition("/")
+    return bucket, key
+
+
 def to_uri(fs: pafs.FileSystem, path: str) -> str:
     return f"s3://{path}" if fs.type_name == "s3" else path
 
@@ -143,12 +152,10 @@ def write_bytes(uri: str, data: bytes) -> None:
     file (a commit manifest) is never there without its content, nor its content without the files
     written before it.
     """
-    fs, path = filesystem(uri)
-    if fs.type_name == "s3":
-        bucket, _, key = path.partition("/")
-        _s3_client(*_s3_settings()).put_object(Bucket=bucket, Key=key, Body=data)
+    if (s3 := _s3_key(uri)) is not None:
+        _s3_client(*_s3_settings()).put_object(Bucket=s3[0], Key=s3[1], Body=data)
         return
-    _write_local(path, data, exclusive=False)
+    _write_local(filesystem(uri)[1], data, exclusive=False)
 
 
 def create_new(uri: str, data: bytes) -> bool:
@@ -259,11 +266,10 @@ def put_file(local_path: str, uri: str) -> None:
     """Put a local file (of any size) at ``uri`` whole: S3 by boto3's managed upload (multipart for
     large files; the object appears only when complete), a local path by an atomic rename (the
     file is moved)."""
-    fs, path = filesystem(uri)
-    if fs.type_name == "s3":
-        bucket, _, key = path.partition("/")
-        _s3_client(*_s3_settings()).upload_file(local_path, bucket, key)
+    if (s3 := _s3_key(uri)) is not None:
+        _s3_client(*_s3_settings()).upload_file(local_path, *s3)
         return
+    fs, path = filesystem(uri)
     fs.create_dir(os.path.dirname(path), recursive=True)
     os.replace(local_path, path)
 
@@ -277,14 +283,13 @@ def writing(uri: str) -> Iterator[str]:
     ``write_bytes`` does; on S3 a temporary file in the local temporary folder (``TMPDIR``), uploaded by
     ``put_file``. An error in the block (or an interrupt) leaves nothing at ``uri`` and removes the
     temporary file (a killed process leaves it)."""
-    fs, path = filesystem(uri)
-    local = fs.type_name != "s3"
+    local = _s3_key(uri) is None
     if local:
-        directory, name = os.path.split(path)
+        directory, name = os.path.split(path := filesystem(uri)[1])
         os.makedirs(directory, exist_ok=True)
         temporary = os.path.join(directory, f"{TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
     else:
-        handle, temporary = tempfile.mkstemp(prefix=".hpd-", suffix=f"-{path.rsplit('/', 1)[-1]}")
+        handle, temporary = tempfile.mkstemp(prefix=".hpd-", suffix=f"-{uri.rsplit('/', 1)[-1]}")
         os.close(handle)
     try:
         yield temporary
