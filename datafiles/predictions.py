@@ -50,6 +50,7 @@ def attribute_files(uri: str, what: str = "predictions") -> list:
     import pyarrow.dataset as ds
 
     filesystem, base = resolve(uri)
+    _check_not_compacting(filesystem, base, uri)
     root = f"{base}/{PREDICTIONS_DIR}"
     try:
         fragments = list(ds.dataset(root, filesystem=filesystem, format="parquet", partitioning=None).get_fragments())
@@ -58,6 +59,17 @@ def attribute_files(uri: str, what: str = "predictions") -> list:
     if not fragments:
         raise ValueError(f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`")
     return fragments
+
+
+def _check_not_compacting(filesystem, base: str, uri) -> None:
+    """``ValueError`` while `hpd compact` works on the output (or was stopped there): a group of its
+    files may then be there twice, as the new file and its originals (pipelines/compact.py)."""
+    from pyarrow import fs
+
+    from pipelines.compact import MARKER, compacting_message
+
+    if filesystem.get_file_info(f"{base}/{MARKER}").type != fs.FileType.NotFound:
+        raise ValueError(compacting_message(str(uri)))
 
 
 def read_columns(fragment, optional: tuple[str, ...] = ()) -> dict[str, list]:
@@ -146,7 +158,8 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
 
     Products are counted file by file (distinct ids in each), the category of an attribute name
     is its row's: exact for `hpd extract` outputs, which write all of a product's rows to one file
-    (pipelines/commit.py: a file per chunk of input rows and category; a product id seen again is
+    (pipelines/commit.py: a file per chunk of input rows and category, or, once `hpd compact` ran,
+    a run of such files packed whole into one, pipelines/compact.py; a product id seen again is
     rejected as a duplicate, pipelines/dedup.py). Of a hand-made output that splits a product over
     files it is counted once per file (and its names go to each row's category, not its first row's),
     and a product given an attribute twice is refused within a file, or across files where it is one
@@ -214,6 +227,7 @@ def attribute_paths(uri: str, what: str = "predictions"):
     from pyarrow import fs
 
     filesystem, base = resolve(uri)
+    _check_not_compacting(filesystem, base, uri)
     root = f"{base}/{PREDICTIONS_DIR}"
     try:
         entries = filesystem.get_file_info(fs.FileSelector(root, allow_not_found=False))

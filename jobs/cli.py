@@ -17,6 +17,7 @@ from jobs import CommandFailed, Terminated, sigterm_stops_cleanly
 SUBCOMMANDS = {
     "extract": ("jobs.extract", "run the extraction job (Ray Data) from records to attribute Parquet"),
     "rejected": ("jobs.rejected", "the rows a finished job rejected: counts by stage and reason, their records to run again"),
+    "compact": ("jobs.compact", "pack a finished job's small Parquet files into few (one partition's files together)"),
     "evaluate": ("jobs.evaluate", "score predictions against gold (ExtractGPT metric + strict)"),
     "convert": ("jobs.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold"),
     "bench": ("jobs.bench", "throughput benchmark: baseline vs HPD side by side"),

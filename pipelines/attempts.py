@@ -26,6 +26,10 @@ that before they write a chunk's files and again before its manifest, its heartb
 (``Heartbeat.check``). A refresh more than ``Heartbeat.LAPSE`` heartbeats late also looks for
 another attempt running. So a paused attempt that wakes writes at most the chunk its writers had
 already checked, instead of running beside the one that took over.
+
+`hpd compact` (pipelines/compact.py) holds the lease the same way while it packs a finished output's
+files (its records say ``command``), so an ``--overwrite`` gives way to it rather than deleting files
+under it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from pipelines import io
 
 log = logging.getLogger("hpd.extract")
 DIRECTORY = "_attempts"
+EXTRACT, COMPACT = "hpd extract", "hpd compact"  # the commands whose attempts hold an output's lease
 HEARTBEAT_SECONDS = 15.0  # ProgressConfig.heartbeat_seconds's default
 
 
@@ -55,6 +60,7 @@ class Attempt:
     price_per_hour: float  # per device-hour
     ended: bool = False  # its last record: it ran to its end, failed or was interrupted (not killed)
     pid_namespace: str = ""  # its process's PID namespace (Linux; "" elsewhere and in older records)
+    command: str = EXTRACT  # what holds the lease: the job, or `hpd compact` packing a finished output's files
 
     @property
     def wall_seconds(self) -> float:
@@ -73,9 +79,10 @@ def name_for(started_at: float) -> str:
     return f"{int(started_at * 1000):015d}-{socket.gethostname()}-{os.getpid()}"
 
 
-def begin(output: str, device: str, devices: float, price_per_hour: float, started_at: float) -> Attempt:
+def begin(output: str, device: str, devices: float, price_per_hour: float, started_at: float,
+          command: str = EXTRACT) -> Attempt:
     attempt = Attempt(name_for(started_at), started_at, time.time(), device, devices, price_per_hour,
-                      pid_namespace=pid_namespace())
+                      pid_namespace=pid_namespace(), command=command)
     save(output, attempt)
     return attempt
 
@@ -201,11 +208,19 @@ def _may_run(other: Attempt, mine: Attempt | None, taken: set[str], heartbeat_se
     return not (same_processes and pid is not None and (pid == os.getpid() or not _process_exists(pid)))
 
 
+def busy(output: str, mine: Attempt | None, heartbeat_seconds: float) -> str | None:
+    """What works on ``output`` now besides ``mine`` (None: anything), as ``await_quiet`` says it when
+    it gives way: the latest attempt ``running`` there; None when nothing does."""
+    others = running(output, mine, heartbeat_seconds)
+    return _working(output, others[-1]) if others else None
+
+
 def _working(output: str, other: Attempt) -> str:
     host, pid = _host_and_pid(other.name)
-    return (f"another `hpd extract` is working on {output} (attempt {other.name}: host {host}, pid {pid}, last "
-            f"seen {max(0.0, time.time() - other.updated_at):.0f} s ago): two at once would write the same chunks. "
-            "Wait for it to end or stop it")
+    why = ("it is packing the output's files into fewer" if other.command == COMPACT
+           else "two at once would write the same chunks")
+    return (f"another `{other.command}` is working on {output} (attempt {other.name}: host {host}, pid {pid}, last "
+            f"seen {max(0.0, time.time() - other.updated_at):.0f} s ago): {why}. Wait for it to end or stop it")
 
 
 def await_quiet(output: str, mine: Attempt | None, heartbeat_seconds: float, poll_seconds: float = 1.0) -> None:

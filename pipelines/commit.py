@@ -18,6 +18,10 @@ them; its manifest is written last and is the commit. A resumed run skips commit
 redoes the others from scratch; a file of an uncommitted chunk that the new attempt does not produce
 (e.g. a product now rejected as a duplicate) is deleted, so no stale row survives. Readers should
 trust an output once ``_report.json`` exists.
+
+Once it does, `hpd compact` may pack each folder's small files into few (pipelines/compact.py): a
+new file holds whole chunk files, in name order, and is named after its first one's key
+(``<key>.compacted-<hex>.parquet``), so a file's name is a chunk key only until then.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ import functools
 import json
 import os
 import re
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -24,6 +26,7 @@ import pyarrow.parquet as pq
 
 
 S3_ATTEMPTS = 10  # per request, the first included: AWS_MAX_ATTEMPTS overrides it
+TEMPORARY_PREFIX = ".tmp-"  # a local file on its way to its name (``write_bytes``, ``writing``)
 
 
 def _s3_settings() -> tuple[str | None, str | None]:
@@ -122,6 +125,15 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(uri).rstrip("/") or "/"
 
 
+def _s3_key(uri: str) -> tuple[str, str] | None:
+    """(bucket, key) of an ``s3://`` URI, None for a local path; no file system built (one that then
+    makes requests opens its own connections: a new one per small write made them slow)."""
+    if not uri.startswith("s3://"):
+        return None
+    bucket, _, key = uri[len("s3://") :].rstrip("/").partition("/")
+    return bucket, key
+
+
 def to_uri(fs: pafs.FileSystem, path: str) -> str:
     return f"s3://{path}" if fs.type_name == "s3" else path
 
@@ -140,12 +152,10 @@ def write_bytes(uri: str, data: bytes) -> None:
     file (a commit manifest) is never there without its content, nor its content without the files
     written before it.
     """
-    fs, path = filesystem(uri)
-    if fs.type_name == "s3":
-        bucket, _, key = path.partition("/")
-        _s3_client(*_s3_settings()).put_object(Bucket=bucket, Key=key, Body=data)
+    if (s3 := _s3_key(uri)) is not None:
+        _s3_client(*_s3_settings()).put_object(Bucket=s3[0], Key=s3[1], Body=data)
         return
-    _write_local(path, data, exclusive=False)
+    _write_local(filesystem(uri)[1], data, exclusive=False)
 
 
 def create_new(uri: str, data: bytes) -> bool:
@@ -194,7 +204,7 @@ CONFLICT_ATTEMPTS = 5  # S3 409 ConditionalRequestConflict: another conditional 
 def _write_local(path: str, data: bytes, exclusive: bool) -> bool:
     directory, name = os.path.split(path)
     os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".tmp-{name}-{uuid.uuid4().hex}")
+    temporary = os.path.join(directory, f"{TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
     try:
         with open(temporary, "wb") as out:
             out.write(data)
@@ -256,13 +266,74 @@ def put_file(local_path: str, uri: str) -> None:
     """Put a local file (of any size) at ``uri`` whole: S3 by boto3's managed upload (multipart for
     large files; the object appears only when complete), a local path by an atomic rename (the
     file is moved)."""
-    fs, path = filesystem(uri)
-    if fs.type_name == "s3":
-        bucket, _, key = path.partition("/")
-        _s3_client(*_s3_settings()).upload_file(local_path, bucket, key)
+    if (s3 := _s3_key(uri)) is not None:
+        _s3_client(*_s3_settings()).upload_file(local_path, *s3)
         return
+    fs, path = filesystem(uri)
     fs.create_dir(os.path.dirname(path), recursive=True)
     os.replace(local_path, path)
+
+
+@contextlib.contextmanager
+def writing(uri: str) -> Iterator[str]:
+    """A local path to write a file of any size to (by a writer that wants a path, such as
+    ``pyarrow.parquet.ParquetWriter``), put at ``uri`` whole once the block ends without an error,
+    so readers see all of it or nothing: locally a hidden temporary file in the destination folder
+    (``.tmp-<name>-<hex>``, which readers pass over), flushed to disk and renamed into place, as
+    ``write_bytes`` does; on S3 a temporary file in the local temporary folder (``TMPDIR``), uploaded by
+    ``put_file``. An error in the block (or an interrupt) leaves nothing at ``uri`` and removes the
+    temporary file (a killed process leaves it)."""
+    local = _s3_key(uri) is None
+    if local:
+        directory, name = os.path.split(path := filesystem(uri)[1])
+        os.makedirs(directory, exist_ok=True)
+        temporary = os.path.join(directory, f"{TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
+    else:
+        handle, temporary = tempfile.mkstemp(prefix=".hpd-", suffix=f"-{uri.rsplit('/', 1)[-1]}")
+        os.close(handle)
+    try:
+        yield temporary
+        if local:
+            with open(temporary, "rb+") as written:
+                os.fsync(written.fileno())
+            os.replace(temporary, path)
+            _fsync_directory(directory)
+        else:
+            put_file(temporary, uri)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+
+
+def delete_files(uris: list[str]) -> None:
+    """Delete files (one already gone is passed over): on S3 in batches of 1,000 keys a request
+    (DeleteObjects), one request per file locally. An S3 key that could not be deleted raises
+    ``OSError`` naming it."""
+    if not uris:
+        return
+    if not uris[0].startswith("s3://"):
+        for uri in uris:
+            try:
+                os.unlink(filesystem(uri)[1])
+            except FileNotFoundError:
+                pass
+        return
+    client = _s3_client(*_s3_settings())
+    by_bucket: dict[str, list[str]] = {}
+    for uri in uris:  # parsed here: an S3FileSystem per file would be slow to build
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        by_bucket.setdefault(bucket, []).append(key)
+    for bucket, keys in by_bucket.items():
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = [{"Key": key} for key in keys[start : start + DELETE_BATCH]]
+            answer = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+            if errors := answer.get("Errors"):
+                first = errors[0]
+                raise OSError(f"could not delete {len(errors)} file(s) of s3://{bucket}/, e.g. {first.get('Key')}: "
+                              f"{first.get('Code')} {first.get('Message')}")
+
+
+DELETE_BATCH = 1000  # keys per S3 DeleteObjects request (its limit)
 
 
 def _s3_client(endpoint: str | None, region: str | None):

@@ -8,7 +8,8 @@ RECORDS: any input `hpd extract` reads (JSON Lines, gzipped or not, Parquet, a f
 them, local or s3://); by default the input the job's ``_job.json`` names.
 
 It reads the output's files one at a time and stops once it has the products to show (a product's
-values are all in one file: one per category and chunk), and the input only up to their titles, so
+values are all in one file: one per category and chunk, or a run of them packed whole by `hpd
+compact`), and the input only up to their titles, so
 it is quick on a catalog's output too. The products are the first of the first files.
 """
 

@@ -1,5 +1,6 @@
 import gzip
 import json
+import os
 import time
 
 import pyarrow as pa
@@ -474,6 +475,38 @@ def test_local_writes_leave_no_temporary_files(tmp_path):
     io.write_parquet(target, pa.table({"a": [2]}))  # replaces
     assert pq.read_table(target).column("a").to_pylist() == [2]
     assert io.list_files(str(tmp_path)) == [target]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_file_written_through_a_local_path_appears_whole_or_not_at_all(tmp_path, where, request):
+    root = str(tmp_path) if where == "local" else f"s3://{request.getfixturevalue('s3_server').make_bucket('io')}"
+    target = io.join(root, "a", "big.parquet")
+    with pytest.raises(RuntimeError, match="stopped"):
+        with io.writing(target) as local:
+            pq.write_table(pa.table({"a": [1]}), local)
+            raise RuntimeError("stopped")
+    assert not io.exists(target) and not io.list_files(root) and not os.path.exists(local)  # nothing, not even its temporary file
+    with io.writing(target) as local:
+        with pq.ParquetWriter(local, pa.schema([("a", pa.int64())])) as writer:
+            writer.write_table(pa.table({"a": [1, 2]}))
+        assert not io.exists(target)  # not before the block ends
+    assert io.list_files(root) == [target] and not os.path.exists(local)
+    fs, path = io.filesystem(target)
+    assert pq.ParquetFile(fs.open_input_file(path)).read().column("a").to_pylist() == [1, 2]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_files_are_deleted_in_batches_and_one_already_gone_is_passed_over(tmp_path, where, request, monkeypatch):
+    root = str(tmp_path) if where == "local" else f"s3://{request.getfixturevalue('s3_server').make_bucket('io')}"
+    files = [io.join(root, "d", f"{i}.json") for i in range(5)]
+    for uri in files[:4]:
+        io.write_json(uri, {})
+    keep = io.join(root, "d", "kept.json")
+    io.write_json(keep, {})
+    monkeypatch.setattr(io, "DELETE_BATCH", 2)
+    io.delete_files(files)  # files[4] was never there
+    io.delete_files([])
+    assert io.list_files(root) == [keep]
 
 
 def test_ipc_round_trip():
