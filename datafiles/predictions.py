@@ -174,6 +174,9 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
     names: dict[str | None, set] = {}
     rows = truncated = products = files = 0
     least = None
+    only = only if isinstance(only, (set, frozenset)) else set(only)
+    wanted_ids = sorted(p for p in only if isinstance(p, str))
+    value_sets: dict[pa.DataType, pa.Array] = {}  # ``only`` as an array of each id type met: built once, not per file
     for path in paths:
         files += 1
         file = _open(filesystem, path)
@@ -199,7 +202,12 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
             _refuse_duplicate(path, table, values)
         if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
             continue  # ids that are not strings are none of ``only`` (read_predictions keeps them as they are)
-        held = pc.is_in(ids, value_set=pa.array(sorted(p for p in only if isinstance(p, str)), type=ids.type))
+        if len(ids) * 4 < len(wanted_ids):  # a small file (a chunk's): look its ids up, not build a set of ``only``
+            held = pa.array([product_id in only for product_id in ids.to_pylist()], type=pa.bool_())
+        else:
+            if ids.type not in value_sets:
+                value_sets[ids.type] = pa.array(wanted_ids, type=ids.type)
+            held = pc.is_in(ids, value_set=value_sets[ids.type])
         if not pc.any(held).as_py():
             continue
         kept = [c for c in (*REQUIRED_COLUMNS, PARTITION_KEY, "confidence") if c in present]

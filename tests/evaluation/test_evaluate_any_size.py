@@ -109,8 +109,9 @@ def test_reading_some_products_agrees_with_the_whole_fold(tmp_path: Path):
         whole = read_predictions(str(uri))
         assert uri.name == "g" or (whole.categories["lossy-1"] == BATH and "Size" in whole.attributes[BATH])
         assert whole.products == len(whole.values) > 4 and whole.truncated > 0 and whole.confidence
-        for only in (set(), set(ids[:1]), set(ids), set(whole.values), {"not-there"}):
-            assert _fields(read_predictions(str(uri), only=only)) == _restricted(whole, only), (uri, only)
+        many = set(whole.values) | {f"absent-{i}" for i in range(5000)}  # far more ids than a file's rows: looked up
+        for only in (set(), set(ids[:1]), set(ids), set(whole.values), {"not-there"}, many):
+            assert _fields(read_predictions(str(uri), only=only)) == _restricted(whole, only), (uri, len(only))
 
 
 def test_reading_some_products_takes_ids_of_any_text_type_and_of_mixed_types(tmp_path: Path):
@@ -131,7 +132,8 @@ def test_reading_some_products_takes_ids_of_any_text_type_and_of_mixed_types(tmp
                              "value": pa.array([], pa.string())}), base / "category=empty" / "0.parquet")
     whole = read_predictions(str(tmp_path / "o"))
     assert whole.least_id == 7  # "int" sorts before "str"
-    for only in ({"d1", "v2"}, {"d2"}, set(), {p for p in whole.values if isinstance(p, str)}):  # gold ids are text
+    many = {"d1", "v2"} | {f"absent-{i}" for i in range(100)}  # more ids than a file's rows: looked up one by one
+    for only in ({"d1", "v2"}, {"d2"}, set(), {p for p in whole.values if isinstance(p, str)}, many):  # gold ids are text
         assert _fields(read_predictions(str(tmp_path / "o"), only=only)) == _restricted(whole, only), only
     split = tmp_path / "split" / "attributes"
     for category in ("a", "a-b"):  # "s" split over two folders: its category is "a-b"'s, first in full-path order
