@@ -7,9 +7,10 @@ the last stdout line is one JSON summary (files and bytes before and after, part
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from pipelines.compact import CompactConfig, as_line, compact, describe
+from pipelines.compact import CompactConfig, Result, compact
 
 DEFAULTS = CompactConfig("-")
 INTERRUPTED = "the same command finishes the compaction (until then, readers should not read the output)"
@@ -34,5 +35,20 @@ def run(args: argparse.Namespace) -> int:
         f = result.figures
         print(f"hpd compact: {result.output}: {f.files_before:,} -> {f.files_after:,} files ({f.bytes_before:,} -> "
               f"{f.bytes_after:,} bytes) in {f.partitions} partitions, {result.seconds:.1f} s", file=sys.stderr)
-    print(as_line(result))
+    print(json.dumps(result.as_json()))
     return 0
+
+
+def describe(result: Result, limit: int = 20) -> str:
+    """A dry run's plan for a person: the partitions with groups to pack (the first ``limit``)."""
+    f = result.figures
+    lines = [f"hpd compact --dry-run: {f.partitions} partitions, {f.files_before:,} files ({f.bytes_before:,} bytes) "
+             f"-> {f.files_after:,} files in {len(result.planned)} partitions with {f.groups:,} groups to pack"]
+    if result.finished_groups:
+        lines.append(f"  first: {result.finished_groups} group(s) a stopped compaction left, to finish")
+    for partition, groups in result.planned[:limit]:
+        size = sum(file.size for group in groups for file in group)
+        lines.append(f"  {partition}: {sum(len(g) for g in groups)} files ({size:,} bytes) -> {len(groups)}")
+    if len(result.planned) > limit:
+        lines.append(f"  ... and {len(result.planned) - limit} more partitions")
+    return "\n".join(lines)

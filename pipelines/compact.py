@@ -431,23 +431,3 @@ def _record(out: Output, config: CompactConfig, result: Result) -> None:
     runs = io.read_json(uri).get("runs", []) if out.exists(DONE) else []
     runs.append({"at": time.time(), "target_mb": config.target_mb, **result.as_json()})
     io.write_json(uri, {"runs": runs})
-
-
-def describe(result: Result, limit: int = 20) -> str:
-    """A dry run's plan for a person: the partitions with groups to pack (the first ``limit``)."""
-    f = result.figures
-    lines = [f"hpd compact --dry-run: {f.partitions} partitions, {f.files_before:,} files ({f.bytes_before:,} bytes) "
-             f"-> {f.files_after:,} files in {len(result.planned)} partitions with {f.groups:,} groups to pack"]
-    if result.finished_groups:
-        lines.append(f"  first: {result.finished_groups} group(s) a stopped compaction left, to finish")
-    for partition, groups in result.planned[:limit]:
-        packed = sum(len(g) for g in groups)
-        size = sum(f.size for g in groups for f in g)
-        lines.append(f"  {partition}: {packed} files ({size:,} bytes) -> {len(groups)}")
-    if len(result.planned) > limit:
-        lines.append(f"  ... and {len(result.planned) - limit} more partitions")
-    return "\n".join(lines)
-
-
-def as_line(result: Result) -> str:
-    return json.dumps(result.as_json())

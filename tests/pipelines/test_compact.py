@@ -154,13 +154,35 @@ def test_an_extract_gives_way_to_a_compaction_and_the_message_says_which(tmp_pat
     assert attempts.load_all(output) == [record]  # the field round-trips
 
 
+def test_an_overwrite_gives_way_to_a_compaction_at_work(tmp_path):
+    """`hpd extract --overwrite` first waits for the output's other attempts (``await_quiet``): a
+    compaction's record (on another host), kept fresh, makes it give way instead of deleting files
+    under it; so does a second compaction."""
+    output = str(tmp_path / "out")
+    io.write_json(io.join(output, "_job.json"), {"run_id": "r"})
+    io.write_json(io.join(output, "_report.json"), {"rows_rejected": 0})
+    now = time.time()
+    record = attempts.save(output, attempts.Attempt("001-other-host-11", now, now, "cpu", 0, 0.0,
+                                                    command=attempts.COMPACT))
+    working = attempts.Heartbeat(output, record, 0.2)
+    try:
+        with pytest.raises(ValueError, match="another `hpd compact` is working on"):
+            attempts.await_quiet(output, None, heartbeat_seconds=0.2, poll_seconds=0.05)
+        with pytest.raises(ValueError, match="another `hpd compact` is working on"):
+            compact.compact(CompactConfig(output, heartbeat_seconds=0.2))
+    finally:
+        working.stop()
+    assert {a.name for a in attempts.load_all(output)} == {record.name}  # the refused one left no record
+
+
 def test_a_dry_run_writes_nothing(finished, tmp_path):
     output = copy_of(finished, tmp_path)
     listing = io.list_files(output)
     result = compact.compact(CompactConfig(output, dry_run=True))
     assert io.list_files(output) == listing
     assert result.dry_run and result.figures.files_after == len(CATEGORIES) + 1 and result.as_json()["bytes_after"] is None
-    assert "partitions with" in compact.describe(result)
+    assert [partition for partition, _ in result.planned] == [*(f"attributes/category=C{i:02d}" for i in range(12)),
+                                                            "rejected"]
 
 
 def test_a_compaction_stopped_after_a_new_file_ends_with_every_row_once_when_run_again(finished, tmp_path, monkeypatch):
