@@ -225,8 +225,13 @@ def closed_reason(output: str) -> str | None:
 def check_lease(output: OutputConfig) -> None:
     """``attempts.LostLeaseError`` if the attempt writing ``output`` may no longer write there (see
     pipelines/attempts.py); nothing for an unnamed attempt."""
-    if output.attempt is not None:
-        attempts.check_lease(output.uri, output.attempt, also=lambda: closed_reason(output.uri))
+    if output.attempt is None:
+        return
+    looked = [attempts.record_uri(output.uri, output.attempt), attempts.taken_uri(output.uri, output.attempt),
+              io.join(output.uri, CLOSED)]
+    if io.exist(looked) == [True, False, False]:  # the usual answer, in one file system's requests
+        return
+    attempts.check_lease(output.uri, output.attempt, also=lambda: closed_reason(output.uri))  # raises, saying why
 
 
 def _deletion_rank(name: str) -> int:

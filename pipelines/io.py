@@ -119,10 +119,10 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         endpoint, region = _s3_settings()
         retries = pafs.AwsStandardS3RetryStrategy(max_attempts=s3_attempts())
         return (pafs.S3FileSystem(endpoint_override=endpoint, region=region, retry_strategy=retries),
-                uri[len("s3://") :].rstrip("/"))
+                filesystem_path(uri))
     if "://" in uri:
         raise ValueError(f"unsupported URI scheme in {uri!r}: use a local path or s3://bucket/prefix")
-    return pafs.LocalFileSystem(), os.path.abspath(uri).rstrip("/") or "/"
+    return pafs.LocalFileSystem(), filesystem_path(uri)
 
 
 def _s3_key(uri: str) -> tuple[str, str] | None:
@@ -377,6 +377,23 @@ def read_json(uri: str) -> object:
 def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def exist(uris: list[str]) -> list[bool]:
+    """``exists`` of each of ``uris``, all on the file system of the first (one S3 file system, and its
+    connections, for them all: a new one per request costs a connection each)."""
+    if not uris:
+        return []
+    fs = filesystem(uris[0])[0]
+    infos = fs.get_file_info([filesystem_path(uri) for uri in uris])
+    return [info.type != pafs.FileType.NotFound for info in infos]
+
+
+def filesystem_path(uri: str) -> str:
+    """The path of ``uri`` inside its file system, as ``filesystem`` gives it, without building one."""
+    if uri.startswith("s3://"):
+        return uri[len("s3://") :].rstrip("/")
+    return os.path.abspath(uri).rstrip("/") or "/"
 
 
 def delete_if_exists(uri: str) -> None:
