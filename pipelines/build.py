@@ -454,10 +454,12 @@ def run_job(
                     resumed, heartbeat)
     except BaseException:
         # a job that committed nothing leaves nothing behind (a corrected command may differ), unless
-        # another attempt works on it now; decided, and deleted, while this attempt's record still says
-        # it runs (an attempt starting meanwhile gives way), the record itself last
-        if not commit.scan(output.uri).manifests and not attempts.running(output.uri, heartbeat.attempt,
-                                                                          progress.heartbeat_seconds):
+        # another attempt works on it now, or this one lost its lease (the output is another's now);
+        # decided, and deleted, while this attempt's record still says it runs (an attempt starting
+        # meanwhile gives way), the record itself last
+        if (heartbeat.lost is None and attempts.lease_lost(output.uri, heartbeat.attempt.name) is None
+                and not commit.scan(output.uri).manifests
+                and not attempts.running(output.uri, heartbeat.attempt, progress.heartbeat_seconds)):
             commit.discard(output.uri, keep=attempts.record_uri(output.uri, heartbeat.attempt))
             attempts.remove(output.uri, heartbeat.stop(write=False))
         else:
