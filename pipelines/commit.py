@@ -116,7 +116,7 @@ def leftovers_only(output: str) -> bool:
     nothing of one but its lease; deleted under a lease by the next run (``discard``)."""
     files = io.list_files(output)
     prefix = io.join(output, attempts.DIRECTORY) + "/"
-    return bool(files) and all(uri.startswith(prefix) or uri.rsplit("/", 1)[-1].startswith(".tmp-") for uri in files)
+    return bool(files) and all(uri.startswith(prefix) or uri.rsplit("/", 1)[-1].startswith(io.TEMPORARY_PREFIX) for uri in files)
 
 
 def differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
