@@ -45,7 +45,9 @@ class Preflight:
     run_id: str  # the job's run id (the output's own where it was started under a former one)
     ignored: tuple[str, ...] = ()  # data files of the input not read for their names (_ or . first)
     input_modified: bool = False  # the same job, and its input files' modification times differ since it started
-    leftovers: bool = False  # the output holds only a deleted job's attempt records (commit.leftovers_only)
+    # the output holds what a stopped deletion left: only attempt records (``existing_run`` None,
+    # commit.leftovers_only), or an unfinished job of packed files (commit.deletion_stopped)
+    leftovers: bool = False
 
 
 def hub_cache() -> Path:
@@ -227,6 +229,8 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
         state = commit.scan(output)
         complete = empty or all(state.complete(shard.shard_id) for shard in shards)
     resumed = same and not args.overwrite and not complete
+    if resumed and commit.deletion_stopped(output):  # deleted under a lease and run anew, as --overwrite would
+        resumed, leftovers = False, True
     if resumed and empty:  # its id index was built on rows: an empty input now is a changed one, not a finished job
         raise ValueError(f"--input {config.prepare.read.uri} holds no rows now, but the unfinished job in --output "
                          f"{output} began on rows: the input changed since it started; {commit.START_OVER}")

@@ -313,9 +313,13 @@ def run(args: argparse.Namespace) -> int:
         from pipelines import attempts
 
         attempts.await_quiet(output, None, attempts.HEARTBEAT_SECONDS)  # before Ray starts
-        if plan.leftovers:
+        if plan.leftovers and plan.existing_run is None:
             print(f"hpd extract: {output} holds only attempt records, left by a deletion that was stopped (an "
                   "--overwrite, or a failed run's clean-up): deleting them", file=sys.stderr)
+        elif plan.leftovers:
+            print(f"hpd extract: {output} holds part of the job {plan.existing_run} after `hpd compact` packed its "
+                  "files, without its report: a deletion (an --overwrite) was stopped there; deleting the rest and "
+                  "starting the job over", file=sys.stderr)
         else:
             print(f"--overwrite: deleting the job {plan.existing_run} in {output}", file=sys.stderr)
     if plan.empty:

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from pipelines import accounting, attempts, io
+from pipelines.compact import DONE as COMPACTED, MARKER as COMPACTING
 from pipelines.schema import PARTITION_COLUMN, partition_value
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -237,11 +238,22 @@ def check_lease(output: OutputConfig) -> None:
 def _deletion_rank(name: str) -> int:
     """The order a job's files are deleted in: the report and the commit manifests first (an output
     whose delete was interrupted must not pass for a finished job, nor count chunks whose files are
-    gone), the data next, the attempts' records, and the claim (``_job.json``) last (until then a
-    run can still tell the folder is an hpd extract output and delete the rest with --overwrite)."""
+    gone), the data next, then the marks of `hpd compact` (while they are there, an unfinished job
+    is known to hold packed files that no chunk replaces: ``deletion_stopped``), the attempts'
+    records, and the claim (``_job.json``) last (until then a run can still tell the folder is an
+    hpd extract output and delete the rest with --overwrite)."""
     if name.startswith("_report"):
         return 0
-    return {"_commits": 1, "_attempts": 3, "_job.json": 4}.get(name, 2)
+    return {"_commits": 1, COMPACTED: 3, COMPACTING: 3, "_attempts": 3, "_job.json": 4}.get(name, 2)
+
+
+def deletion_stopped(output: str) -> bool:
+    """Whether the unfinished job in ``output`` is what a deletion (``discard``) left when it was
+    stopped after the report and some data went: it holds a mark of `hpd compact`, which only packs
+    finished jobs and is deleted after the data. Resuming it would rerun the chunks whose manifests
+    are gone beside the packed files that still hold their rows (each row twice): the next run
+    finishes the deletion instead and starts the job over."""
+    return any(io.exist([io.join(output, COMPACTED), io.join(output, COMPACTING)]))
 
 
 def discard(output: str, keep: str | None = None) -> None:

@@ -403,6 +403,37 @@ def test_overwrite_deletes_the_earlier_job_and_starts_over(ray_cluster, tmp_path
         r["product_id"] for r in sample_records())
 
 
+def test_a_compacted_job_whose_deletion_stopped_is_run_anew_not_resumed(ray_cluster, tmp_path, capsys):
+    """An --overwrite of a compacted output killed after the report, the manifests and the id index
+    went, before the data: the same command without --overwrite resumed it, ran every chunk again and
+    left the packed files beside their new ones, every row twice (helper-53, session 57). The marks of
+    `hpd compact` now go after the data, and while one is there the deletion is finished instead."""
+    import shutil
+
+    from jobs import cli
+    from pipelines import commit, compact
+
+    records = [{"product_id": f"p{i:03d}", "category": ["Tea", "Shoes"][i % 2], "title": f"product {i}"} for i in range(60)]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(records))
+    output = tmp_path / "out"
+    argv = extract_args(source, output, "--chunk-rows", 10, "--group-chunks", 1)
+    assert run_extract(argv) == 0
+    assert cli.main(["compact", str(output)]) == 0
+    rows = read_attributes(str(output)).num_rows
+    names = sorted(p.name for p in output.iterdir())
+    order = sorted(names, key=lambda name: (commit._deletion_rank(name), name))  # as commit.discard goes
+    assert order.index(compact.DONE) > max(order.index("attributes"), order.index("_dedup"))
+    for name in order[: order.index("attributes")]:  # what a deletion stopped before attributes/ left
+        shutil.rmtree(output / name) if (output / name).is_dir() else (output / name).unlink()
+    capsys.readouterr()
+    assert run_extract(argv) == 0
+    assert "a deletion (an --overwrite) was stopped there; deleting the rest and starting the job over" in capsys.readouterr().err
+    table = read_attributes(str(output))
+    assert table.num_rows == rows and sorted(set(table.column("product_id").to_pylist())) == [r["product_id"] for r in records]
+    assert not (output / compact.DONE).exists() and report(str(output))["products_out"] == len(records)
+
+
 def test_an_output_left_with_only_attempt_records_is_cleared_and_run(ray_cluster, tmp_path, capsys):
     """A deletion killed after the claim went (--overwrite, or a failed run's clean-up: a pod's grace
     period spent on a long S3 delete) leaves only attempt records: such an output was refused as
