@@ -93,8 +93,14 @@ def _partition_category(path: str) -> str | None:
 def read_predictions(uri: str, only: Collection[str] | None = None) -> Predictions:
     """Read every Parquet file under ``URI/attributes/`` (see module doc for the category rule);
     with ``only``, keep the values of those product ids alone (``_read_some``)."""
-    if only is not None:
-        return _read_some(uri, only)
+    from pipelines.compact import reading
+
+    with reading(str(uri)):  # not while `hpd compact` moves its files, nor across one
+        return _read_some(uri, only) if only is not None else _read_all(uri)
+
+
+def _read_all(uri: str) -> Predictions:
+    """``read_predictions`` of every product."""
     fragments = attribute_files(uri)
     values: dict[str, dict[str, object]] = {}
     categories: dict[str, str | None] = {}

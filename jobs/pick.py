@@ -34,6 +34,7 @@ from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, GOLD_DRAFT_FILE, RECORDS_FILE, gold_draft
 from datafiles.predictions import attribute_paths, read_values, rows_by_category
+from pipelines.compact import reading
 from pipelines.reader import ReadConfig
 from pipelines.schema import Accepted, ValidationConfig, id_of, load_schema, schema_file_text, validate_record
 from training.selection import Lowest, SelectionConfig, quotas, seed_key
@@ -192,42 +193,43 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is not a new or empty folder")
     schema = load_schema(args.attributes)
     validation, read, has_job = job_settings(args.output, schema, args.input)
-    filesystem, paths = attribute_paths(args.output)
-    found = census(filesystem, paths, attributes=not has_job)  # 1: products per category
-    if not has_job:
-        check_schema(args.output, schema, found.attributes)
-    placed = {product_id: record["category"] for product_id, record in
-              job_records(read, schema, validation, dict.fromkeys(found.unplaced))[0].items()}
-    sizes = Counter(found.sizes)
-    sizes.update(placed.values())  # (a Counter's + would drop a category of no products)
-    total = sum(found.sizes.values()) + len(found.unplaced)
-    if total == 0:
-        raise ValueError(f"{args.output} holds no products: nothing to pick")
-    wanted = quotas(sizes, config.count, config.min_per_category, config.seed)
-    limits = {category: min(n, wanted[category] * (1 + config.reserves)) for category, n in sizes.items()}
-    lowest = sample(filesystem, attribute_paths(args.output)[1], limits, placed, seed_key(config.seed))  # 2
-    kept_in: dict[str, list[str]] = {}  # product -> the categories that keep it (more than one: written under each)
-    for category, kept in lowest.items():
-        for product_id in kept.ranked():
-            kept_in.setdefault(product_id, []).append(category)
-    # the category the output wrote each under (None: any; its record's category decides where it counts)
-    candidates = {product_id: None if product_id in placed or len(cs) > 1 else cs[0] for product_id, cs in kept_in.items()}
-    records, other_category = job_records(read, schema, validation, candidates)  # 3: their records, in input order
-    looked_up = len(candidates) + len(found.unplaced) - len(placed)
-    missing = looked_up - len(records)
-    if not records:
-        raise ValueError(f"no product of {args.output} is in its input {read.uri} as the job read it: "
-                         "pass the job's own input (--input)")
-    # 4: per category, its quota of those in the input under that category, first in the order; their values
-    picks = {category: [p for p in kept.ranked() if p in records and records[p]["category"] == category][: wanted[category]]
-             for category, kept in lowest.items()}
-    picked = {product_id for ps in picks.values() for product_id in ps}
-    chosen = [product_id for product_id in records if product_id in picked]  # input order
-    holding = sorted({path for category, ps in picks.items() for p in ps for path in lowest[category].seen_in[p]})
-    values = read_values(filesystem, holding, chosen)
-    if gone := [product_id for product_id in chosen if product_id not in values]:
-        raise ValueError(f"the values of {len(gone)} picked product(s) ({gone[0]}, ...) are no longer in {args.output}: "
-                         "was the job writing or resuming meanwhile? Pick again once it has finished")
+    with reading(args.output):  # not while `hpd compact` moves its files, nor across one
+        filesystem, paths = attribute_paths(args.output)
+        found = census(filesystem, paths, attributes=not has_job)  # 1: products per category
+        if not has_job:
+            check_schema(args.output, schema, found.attributes)
+        placed = {product_id: record["category"] for product_id, record in
+                  job_records(read, schema, validation, dict.fromkeys(found.unplaced))[0].items()}
+        sizes = Counter(found.sizes)
+        sizes.update(placed.values())  # (a Counter's + would drop a category of no products)
+        total = sum(found.sizes.values()) + len(found.unplaced)
+        if total == 0:
+            raise ValueError(f"{args.output} holds no products: nothing to pick")
+        wanted = quotas(sizes, config.count, config.min_per_category, config.seed)
+        limits = {category: min(n, wanted[category] * (1 + config.reserves)) for category, n in sizes.items()}
+        lowest = sample(filesystem, attribute_paths(args.output)[1], limits, placed, seed_key(config.seed))  # 2
+        kept_in: dict[str, list[str]] = {}  # product -> the categories that keep it (more than one: written under each)
+        for category, kept in lowest.items():
+            for product_id in kept.ranked():
+                kept_in.setdefault(product_id, []).append(category)
+        # the category the output wrote each under (None: any; its record's category decides where it counts)
+        candidates = {product_id: None if product_id in placed or len(cs) > 1 else cs[0] for product_id, cs in kept_in.items()}
+        records, other_category = job_records(read, schema, validation, candidates)  # 3: their records, in input order
+        looked_up = len(candidates) + len(found.unplaced) - len(placed)
+        missing = looked_up - len(records)
+        if not records:
+            raise ValueError(f"no product of {args.output} is in its input {read.uri} as the job read it: "
+                             "pass the job's own input (--input)")
+        # 4: per category, its quota of those in the input under that category, first in the order; their values
+        picks = {category: [p for p in kept.ranked() if p in records and records[p]["category"] == category][: wanted[category]]
+                 for category, kept in lowest.items()}
+        picked = {product_id for ps in picks.values() for product_id in ps}
+        chosen = [product_id for product_id in records if product_id in picked]  # input order
+        holding = sorted({path for category, ps in picks.items() for p in ps for path in lowest[category].seen_in[p]})
+        values = read_values(filesystem, holding, chosen)
+        if gone := [product_id for product_id in chosen if product_id not in values]:
+            raise ValueError(f"the values of {len(gone)} picked product(s) ({gone[0]}, ...) are no longer in {args.output}: "
+                             "was the job writing or resuming meanwhile? Pick again once it has finished")
     split = sorted(p for category, kept in lowest.items() for p in kept.ranked() if len(kept.seen_in[p]) > 1)
     twice = sorted(p for p, cs in kept_in.items() if len(cs) > 1)
 

@@ -32,6 +32,7 @@ and it checks that it still holds it before each new file is put in place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -187,6 +188,35 @@ def check_readable(output: str) -> None:
 def compacting_message(output: str) -> str:
     return (f"{output} is being compacted, or a compaction was stopped there ({MARKER}), and may hold some rows "
             f"twice until it ends: wait for `hpd compact` to end, or run `hpd compact {output}` again to finish it")
+
+
+@contextlib.contextmanager
+def reading(output: str):
+    """Read ``output`` in this block: refused while a compaction works there (``check_readable``), and
+    a ``ValueError`` saying so, instead of what the reader tripped on or a wrong count, when one began
+    or ended while the block read (a file gone, or a group's rows read from its new file and from its
+    originals alike): the marker appeared, or ``_compacted.json`` changed."""
+    check_readable(output)
+    before = _compactions(output)
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        if _compactions(output) != before:
+            raise ValueError(_changed_message(output)) from err
+        raise
+    if _compactions(output) != before:
+        raise ValueError(_changed_message(output))
+
+
+def _compactions(output: str) -> tuple[bool, bytes | None]:
+    """(whether a compaction works on ``output``, what ``_compacted.json`` says finished there)."""
+    working, done = io.exist([io.join(output, MARKER), io.join(output, DONE)])
+    return working, io.read_bytes(io.join(output, DONE)) if done else None
+
+
+def _changed_message(output: str) -> str:
+    return (f"`hpd compact` worked on {output} while this command read it, so what was read may miss or repeat rows: "
+            "run this command again once the compaction has ended")
 
 
 def check_finished(output: str, heartbeat_seconds: float = attempts.HEARTBEAT_SECONDS) -> None:

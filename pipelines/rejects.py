@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from pipelines import io
 from pipelines.commit import REJECTED_SCHEMA
-from pipelines.compact import check_readable
+from pipelines.compact import reading
 
 STAGES = ("read", "validate", "dedup", "extract")  # where a row can be rejected, in pipeline order
 
@@ -58,8 +58,12 @@ def read_rejected(output_uri: str, stages: tuple[str, ...] | None = None, record
         what = ("is not an hpd extract output" if not io.exists(io.join(output_uri, "_job.json"))
                 else "has not finished (no _report.json yet; the same hpd extract command resumes it)")
         raise ValueError(f"{output_uri} {what}")
-    check_readable(output_uri)  # not while `hpd compact` moves its files
-    expected = io.read_json(report_uri)["rows_rejected"]
+    with reading(output_uri):  # not while `hpd compact` moves its files
+        return _read_rejected(output_uri, io.read_json(report_uri)["rows_rejected"], stages, records)
+
+
+def _read_rejected(output_uri: str, expected: int, stages: tuple[str, ...] | None, records: BinaryIO | None) -> Rejected:
+    """``read_rejected`` once checked: ``expected``, the rows the report counts."""
     kept = pa.array(list(stages or STAGES), pa.string())
     result = Rejected()
     fs, found = io.list_paths(io.join(output_uri, "rejected"))
