@@ -306,6 +306,10 @@ def run(args: argparse.Namespace) -> int:
         ensure_markdown(output, report)
         print(f"run {config.output.run_id} is already complete in {output}: nothing to do "
               "(--overwrite starts it over)", file=sys.stderr)
+        from pipelines import compact
+
+        if io.exists(io.join(output, compact.MARKER)):
+            print(f"hpd extract: warning: {compact.compacting_message(output)}", file=sys.stderr)
         print(_summary(report, output))
         return 0
     overwrite = bool(args.overwrite and plan.existing_run is not None) or plan.leftovers

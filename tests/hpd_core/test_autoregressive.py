@@ -19,9 +19,9 @@ from .conftest import ARCHITECTURES, parts_at_a_tie, random_request, random_text
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # The oracle equality below draws 10 batches per architecture in the default run (with 25 it took
-# about a sixth of that run's time) and 60 more in the slow run (CI runs both).
+# about a sixth of that run's time) and 40 more in the slow run (CI runs both).
 QUICK = settings(SETTINGS, max_examples=10)
-THOROUGH = settings(SETTINGS, max_examples=60)
+THOROUGH = settings(SETTINGS, max_examples=40)
 
 
 def comparable(reference, requests, fast, **decode_args):

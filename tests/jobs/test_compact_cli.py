@@ -79,6 +79,8 @@ def test_a_compacted_output_reads_the_same_everywhere(ray_cluster, tmp_path, cap
 
     io.write_json(io.join(str(output), compact.MARKER), {"attempt": "x"})  # as a compaction stopped midway leaves it
     capsys.readouterr()
+    assert run_extract(argv) == 0  # the job is done, and the command says what readers will say
+    assert "warning: " + compact.compacting_message(str(output)) in capsys.readouterr().err
     for argv in (["evaluate", "--predictions", str(output), "--gold", str(tmp_path / "gold.jsonl")],
                  ["rejected", str(output)],
                  ["pick", str(output), "--attributes", str(tmp_path / "attributes.json"), "--count", "8", "--out",
