@@ -24,6 +24,7 @@ from hpd_core.types import Attribute, Product, Request
 from .conftest import ARCHITECTURES, random_request, slots_part_at_a_tie
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+QUICK = settings(SETTINGS, max_examples=15)  # the default run's draws of the oracle equality; the slow run adds 40
 
 
 def slot_tokens(results):
@@ -61,14 +62,26 @@ def assert_hpd_equals_reference_oracle(model, tokenizer, requests, config):
     return "fixed" if sessions["fixed"] else "packed"
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-@SETTINGS
-@given(case=batches())
-def test_hpd_equals_reference_oracle(models, tokenizer, arch, case):
+def check_packed_steps(models, tokenizer, arch, case):
     """Packed steps (a CPU's), every architecture."""
     requests, k_max = case
     config = DecodeConfig(max_value_tokens=k_max, step_shape="packed")
     assert assert_hpd_equals_reference_oracle(models[arch], tokenizer, requests, config) == "packed"
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@QUICK
+@given(case=batches())
+def test_hpd_equals_reference_oracle(models, tokenizer, arch, case):
+    check_packed_steps(models, tokenizer, arch, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@SETTINGS
+@given(case=batches())
+def test_hpd_equals_reference_oracle_on_more_batches(models, tokenizer, arch, case):
+    check_packed_steps(models, tokenizer, arch, case)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3-swa"])  # full, mixed sliding + full, GQA + head_dim
