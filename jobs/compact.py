@@ -44,8 +44,8 @@ def describe(result: Result, limit: int = 20) -> str:
     f = result.figures
     lines = [f"hpd compact --dry-run: {f.partitions} partitions, {f.files_before:,} files ({f.bytes_before:,} bytes) "
              f"-> {f.files_after:,} files in {len(result.planned)} partitions with {f.groups:,} groups to pack"]
-    if result.finished_groups:
-        lines.append(f"  first: {result.finished_groups} group(s) a stopped compaction left, to finish")
+    if result.left_groups:
+        lines.append(f"  first: {result.left_groups} group(s) a stopped compaction left, to finish or undo")
     for partition, groups in result.planned[:limit]:
         size = sum(file.size for group in groups for file in group)
         lines.append(f"  {partition}: {sum(len(g) for g in groups)} files ({size:,} bytes) -> {len(groups)}")

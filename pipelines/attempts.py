@@ -280,10 +280,27 @@ def lease_lost(output: str, name: str) -> str | None:
             by = None
         host, pid = _host_and_pid(by) if by else ("?", None)
         return (f"attempt {by} (host {host}, pid {pid}) took the output over after this attempt's record was not "
-                "refreshed in time (the process paused, or the store not written), and goes on with the job")
+                "refreshed in time (the process paused, or the store not written)")
     if not io.exists(record_uri(output, name)):
-        return "this attempt's record is gone: the output was deleted (an --overwrite) while it was not refreshed"
+        return ("this attempt's record is gone: the output was deleted (an --overwrite), or an `hpd compact` that "
+                "took it over ended, while it was not refreshed")
     return None
+
+
+def forget_taken(output: str, mine: str, command: str) -> None:
+    """Delete the records of ``command``'s attempts that ``mine`` marked taken (``mark_taken``: killed,
+    or paused: one that wakes finds its record gone and stops), then their ``.taken`` markers, so a
+    killed one does not stay for good. Not for `hpd extract`'s: its report counts its attempts."""
+    records, taken = _records(output)
+    for other in records:
+        if other.command == command and other.name in taken:
+            try:
+                by = io.read_json(taken_uri(output, other.name)).get("by")
+            except (ValueError, OSError):  # gone, or being written: left
+                continue
+            if by == mine:
+                io.delete_if_exists(record_uri(output, other))
+                io.delete_if_exists(taken_uri(output, other.name))
 
 
 def check_lease(output: str, name: str, also: Callable[[], str | None] = lambda: None) -> None:

@@ -16,18 +16,39 @@ _compacted.json         the figures of each compaction that finished here
 ```
 
 Every row stays exactly once, however a compaction ends. Each group: its journal entry is written
-first, then its new file (to a temporary name, moved into place whole: ``io.writing``), then the
-originals are deleted, then the entry. A compaction that starts (the next, after one was killed)
-first finishes every entry left (``finish_journal``): where the new file is in place, the originals
-that remain are deleted; where it is not, nothing was replaced, and the entry (with any temporary
-file of it) goes. An entry written only after the new file would leave, for a compaction killed
+first (pipelines/compact_journal.py), then its new file (to a temporary name, moved into place whole:
+``io.writing``), then the originals are deleted, then the entry. A compaction that starts (the next,
+after one was killed) first ends every entry left (``compact_journal.finish``): where the new file
+is in place and some originals are gone, the rest are deleted; otherwise the group is undone (its new
+file, if any, deleted: its rows are all in the originals). A group that fails before its new file is
+in place is undone at once; where no group is left half done, a failed compaction removes its
+marker, so the output is readable again (an error such as a file of another schema, which fails
+every time, says so). An entry written only after the new file would leave, for a compaction killed
 between the two, a file whose rows are also in its originals, and nothing to say so.
 
 While it runs (from ``_compacting.json`` written to removed) a group's rows can be in both its new
 file and its originals for a moment: readers should not read the output then, and this project's
 do not (``check_readable``: `hpd evaluate`, `hpd pick`, `hpd rejected`). It holds the output's lease
-as an attempt of `hpd compact` (pipelines/attempts.py), so an `hpd extract --overwrite` gives way to it,
-and it checks that it still holds it before each new file is put in place.
+as an attempt of `hpd compact` (pipelines/attempts.py), so an `hpd extract --overwrite` gives way to it.
+A compaction paused long enough (3 heartbeats) is taken over: by another compaction, which ends its
+journal entries, or by an ``--overwrite``, which deletes the output and writes files of the same names
+again. So that a woken one changes nothing, it checks its lease right before each step that cannot
+be taken back: putting a new file in place and again once it is there (a lost lease then deletes
+that file, whose name no other attempt uses: a taker undid its group, or will, or deleted the
+output), deleting the originals (each only while it is still the file its entry recorded: its size
+and time), deleting the entry, writing and removing the marker; and ``journal.finish`` checks it
+before each of its steps. What is left is a pause of 3 heartbeats between such a check and its step:
+
+- before an S3 DeleteObjects of a group's originals: an ``--overwrite`` may have written files of
+  those names, which it deletes (locally each file's size and time are looked at right before its
+  unlink); a compaction that took over may be packing them, and fails;
+- before the marker is written (after the check at the start) or removed: the marker of a compaction
+  that took over and is at work is overwritten (harmless) or removed (readers may read its groups
+  half done until it ends).
+
+A compaction that lost its lease ends with ``attempts.LostLeaseError`` (whatever it tripped on then),
+and removes its marker where it names it and no other compaction is at work. One that ends deletes
+the records (and ``.taken`` markers) of the compactions it took over (``attempts.forget_taken``).
 """
 
 from __future__ import annotations
@@ -48,10 +69,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipelines import attempts, io
+from pipelines import compact_journal as journal
+from pipelines.compact_journal import JOURNAL, File, Output, data_files  # noqa: F401 (this module's names too)
 from pipelines.schema import PARTITION_COLUMN
 
 MARKER = "_compacting.json"
-JOURNAL = "_compaction"
 DONE = "_compacted.json"
 ATTRIBUTES, REJECTED = "attributes", "rejected"
 MIB = 1 << 20
@@ -91,36 +113,6 @@ class CompactConfig:
         return self.target_mb * MIB
 
 
-@dataclass(frozen=True)
-class Output:
-    """The output compacted: its URI, and one file system for its requests, which the workers share
-    (a file system per request opens connections anew: on S3 the 8 workers of a compaction ran 6x
-    slower so)."""
-
-    uri: str
-    fs: pafs.FileSystem
-    root: str  # its path in ``fs``
-
-    @classmethod
-    def at(cls, uri: str) -> Output:
-        return cls(uri, *io.filesystem(uri))
-
-    def uri_of(self, relative: str) -> str:
-        return io.join(self.uri, relative)
-
-    def path(self, relative: str) -> str:
-        return f"{self.root}/{relative}"
-
-    def exists(self, relative: str) -> bool:
-        return self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
-
-
-@dataclass(frozen=True)
-class File:
-    name: str
-    size: int
-
-
 @dataclass
 class Figures:
     """Files and bytes of the partitions compacted, before and after; ``groups``: new files written."""
@@ -143,15 +135,19 @@ class Result:
     figures: Figures
     seconds: float
     dry_run: bool
-    finished_groups: int = 0  # journal entries of a stopped compaction finished first
+    finished_groups: int = 0  # groups a stopped compaction left, finished first (their new file kept)
+    undone_groups: int = 0  # ... and undone (their new file, if any, deleted; their originals kept)
+    left_groups: int = 0  # dry run: the groups a stopped compaction left, to finish or undo
     planned: list[tuple[str, list[list[File]]]] = field(default_factory=list)  # dry run: partition -> groups
 
     def as_json(self) -> dict:
         figures = asdict(self.figures)
         if self.dry_run:
             figures["bytes_after"] = None  # not known before the files are written
-        return {"output": self.output, **figures, "seconds": round(self.seconds, 2), "dry_run": self.dry_run,
-                "finished_groups": self.finished_groups}
+            return {"output": self.output, **figures, "seconds": round(self.seconds, 2), "dry_run": True,
+                    "left_groups": self.left_groups}
+        return {"output": self.output, **figures, "seconds": round(self.seconds, 2), "dry_run": False,
+                "finished_groups": self.finished_groups, "undone_groups": self.undone_groups}
 
 
 def plan_groups(files: list[File], target_bytes: int) -> list[list[File]]:
@@ -174,7 +170,9 @@ def plan_groups(files: list[File], target_bytes: int) -> list[list[File]]:
 def compacted_name(first: str) -> str:
     """The new file of a group whose first original is ``first``: that file's chunk key (so it sorts
     where its originals did: `hpd rejected` writes records in file order), then ``.compacted-<hex>``,
-    which no chunk key holds (a chunk key is ``<shard>-<index>``, pipelines/commit.py)."""
+    which no chunk key holds (a chunk key is ``<shard>-<index>``, pipelines/commit.py). The hex is
+    random (64 bits) at each call, so a new file's name is its attempt's alone: one that lost its
+    lease may delete its file without deleting a taker's."""
     return f"{first.split('.', 1)[0]}.compacted-{uuid.uuid4().hex[:16]}.parquet"
 
 
@@ -241,44 +239,6 @@ def partitions(out: Output) -> list[str]:
     return found
 
 
-def data_files(out: Output, partition: str) -> list[File]:
-    """The Parquet files of one partition folder (not hidden ones: a write on its way), by name."""
-    infos = out.fs.get_file_info(pafs.FileSelector(out.path(partition), allow_not_found=True))
-    return sorted((File(i.base_name, i.size) for i in infos if i.type == pafs.FileType.File
-                   and i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_"))),
-                  key=lambda f: f.name)
-
-
-def journal(out: Output) -> list[str]:
-    """The journal's entries (paths in ``out.fs``): groups a compaction began and did not end."""
-    infos = out.fs.get_file_info(pafs.FileSelector(out.path(JOURNAL), allow_not_found=True))
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".json"))
-
-
-def finish_journal(out: Output) -> int:
-    """Finish the groups a stopped compaction left (see the module doc); the number finished."""
-    entries = journal(out)
-    for path in entries:
-        with out.fs.open_input_stream(path) as stream:
-            entry = json.loads(stream.read())
-        if out.exists(entry["new"]):
-            io.delete_files([out.uri_of(name) for name in entry["originals"]])
-        else:
-            _delete_temporaries(out, entry["new"])
-        out.fs.delete_file(path)
-    return len(entries)
-
-
-def _delete_temporaries(out: Output, relative: str) -> None:
-    """The temporary files ``io.writing`` left for the file ``relative`` where its process was killed
-    (local only: on S3 they are in the local temporary folder)."""
-    if out.fs.type_name == "s3":
-        return
-    folder, name = out.path(relative).rsplit("/", 1)
-    infos = out.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-    io.delete_files([i.path for i in infos if i.base_name.startswith(f"{io.TEMPORARY_PREFIX}{name}-")])
-
-
 class _Lease:
     """This compaction's attempt record, kept fresh (pipelines/attempts.py): ``check`` raises once
     another command took the output over (this one was paused, or the store not written, too long)."""
@@ -327,20 +287,42 @@ def compact_partition(out: Output, partition: str, config: CompactConfig, lease:
 
 
 def _write_group(out: Output, partition: str, group: list[File], config: CompactConfig, lease: _Lease) -> int:
-    """One group: journal entry, new file, originals deleted, entry deleted; the new file's bytes."""
-    name = compacted_name(group[0].name)
-    originals = [f"{partition}/{f.name}" for f in group]
-    entry = f"{JOURNAL}/{name[: -len('.parquet')]}.json"
-    io.write_json(out.uri_of(entry), {"new": f"{partition}/{name}", "originals": originals, "at": time.time()})
-    with io.writing(out.uri_of(f"{partition}/{name}")) as local:
-        rows = _stream(out.fs, [out.path(o) for o in originals], local, config.row_group_rows)
-        if pq.read_metadata(local).num_rows != rows:
-            raise OSError(f"{local}: the file written does not hold the {rows} rows of its {len(group)} originals")
-        size = os.path.getsize(local)
-        lease.check()  # once taken over, another compaction may have dropped this entry: put nothing in place
-    io.delete_files([out.uri_of(o) for o in originals])
-    out.fs.delete_file(out.path(entry))
+    """One group (see the module doc): entry, new file, originals deleted, entry deleted; the new file's
+    bytes. A failure before the new file is put in place undoes the group (its entry goes)."""
+    entry = journal.Entry(partition, compacted_name(group[0].name), tuple(group))
+    entry.write(out, lease.name)
+    placing = False
+    try:
+        with io.writing(out.uri_of(entry.new_file)) as local:
+            rows = _stream(out.fs, [out.path(f"{partition}/{f.name}") for f in group], local, config.row_group_rows)
+            if pq.read_metadata(local).num_rows != rows:
+                raise OSError(f"{local}: the file written does not hold the {rows} rows of its {len(group)} originals")
+            size = os.path.getsize(local)
+            lease.check()  # once taken over, another compaction may have dropped this entry: put nothing in place
+            placing = True
+    except BaseException as err:
+        if not placing:
+            _undo_failed(out, entry, lease, err)
+        raise
+    try:  # again once it is in place (an S3 upload is no rename: a pause may end after a taker dropped the entry)
+        lease.check()
+    except attempts.LostLeaseError:  # a taker undoes a group whose originals are all there: no one keeps this file
+        io.delete_files([out.uri_of(entry.new_file)])
+        raise
+    journal.delete_originals(out, entry, lease.check)
+    journal.delete_entry(out, entry, lease.check)
     return size
+
+
+def _undo_failed(out: Output, entry: journal.Entry, lease: _Lease, err: BaseException) -> None:
+    """Undo a group whose new file was not put in place (its entry deleted), while the lease holds;
+    where that fails, ``err`` says so (its entry stays for the next compaction to undo)."""
+    try:
+        journal.delete_entry(out, entry, lease.check)
+    except attempts.LostLeaseError:
+        raise
+    except Exception as failed:
+        err.add_note(f"its journal entry {entry.relative} stays (deleting it failed: {failed})")
 
 
 def _stream(fs: pafs.FileSystem, paths: list[str], local: str, row_group_rows: int) -> int:
@@ -381,31 +363,67 @@ def compact(config: CompactConfig, stream: TextIO | None = None) -> Result:
     out = Output.at(output)
     if config.dry_run:
         figures, planned = _run(out, config, None, stream, started)
-        return Result(output, figures, time.time() - started, True, len(journal(out)), planned)
+        return Result(output, figures, time.time() - started, True, left_groups=len(journal.entries(out)),
+                      planned=planned)
     lease = _Lease(out, config.heartbeat_seconds)
     try:
-        io.write_json(out.uri_of(MARKER), {"attempt": lease.name, "started_at": started})
-        finished = finish_journal(out)
-        if finished:
-            print(f"hpd compact: finished {finished} group(s) a stopped compaction left", file=stream)
-        figures, _ = _run(out, config, lease, stream, started)
-        result = Result(output, figures, time.time() - started, False, finished)
-        lease.check()
-        _record(out, config, result)
-        _remove_empty_folder(out, JOURNAL)
-        io.delete_if_exists(out.uri_of(MARKER))
-        return result
+        return _compact(out, config, lease, stream, started)
+    except Exception as err:
+        failure = _failure(out, lease, err)
+        if failure is err:
+            raise
+        raise failure from err
     finally:
         lease.release()
 
 
-def _remove_empty_folder(out: Output, relative: str) -> None:
-    """A local folder left empty (S3 has no folders to leave)."""
-    if out.fs.type_name == "local":
-        try:
-            os.rmdir(out.path(relative))
-        except OSError:  # not empty, or not there
-            pass
+def _compact(out: Output, config: CompactConfig, lease: _Lease, stream: TextIO, started: float) -> Result:
+    io.write_json(out.uri_of(MARKER), {"attempt": lease.name, "started_at": started})
+    lease.check()  # paused before the marker while another compaction ended: this one's marker goes (``_failure``)
+    finished, undone = journal.finish(out, lease.check)
+    if finished or undone:
+        print(f"hpd compact: {finished + undone} group(s) a stopped compaction left: {finished} finished (their new "
+              f"file kept), {undone} undone (their originals kept)", file=stream)
+    figures, _ = _run(out, config, lease, stream, started)
+    result = Result(out.uri, figures, time.time() - started, False, finished, undone)
+    lease.check()
+    _record(out, config, result)
+    journal.remove_if_empty(out)
+    attempts.forget_taken(out.uri, lease.name, attempts.COMPACT)
+    lease.check()
+    _remove_marker(out, lease.name)
+    return result
+
+
+def _failure(out: Output, lease: _Lease, err: Exception) -> Exception:
+    """What a failed compaction raises: ``attempts.LostLeaseError`` once it lost its lease (whatever it
+    tripped on then: a file a taker deleted), else ``err``. Its marker goes where it wrote it and no
+    group is left half done (the output is readable again)."""
+    try:
+        lease.check()
+    except attempts.LostLeaseError as lost:
+        if not any(a.command == attempts.COMPACT and a.name != lease.name
+                   for a in attempts.running(out.uri, None, lease.heartbeat.seconds)):
+            _remove_marker(out, lease.name)  # another compaction at work removes it itself when it ends
+        return lost
+    if journal.entries(out):
+        return err  # the same command finishes or undoes them
+    journal.remove_if_empty(out)
+    _remove_marker(out, lease.name)
+    if isinstance(err, ValueError):  # not the store: it fails the same way until someone acts
+        return ValueError(f"{err}. hpd compact stopped and left {out.uri} readable (each group packed or as it was, "
+                          f"none half done): act on the error, then run `hpd compact {out.uri}` again to pack the rest")
+    return err
+
+
+def _remove_marker(out: Output, name: str) -> None:
+    """``_compacting.json``, if it names the attempt ``name`` (another's is that one's to remove)."""
+    try:
+        named = io.read_json(out.uri_of(MARKER)).get("attempt")
+    except FileNotFoundError:
+        return
+    if named == name:
+        io.delete_files([out.uri_of(MARKER)])
 
 
 def _run(out: Output, config: CompactConfig, lease: _Lease | None, stream: TextIO,
