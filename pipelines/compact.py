@@ -54,7 +54,6 @@ the records (and ``.taken`` markers) of the compactions it took over (``attempts
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
