@@ -567,6 +567,7 @@ def test_ctrl_c_or_sigterm_stops_without_a_traceback_and_the_run_resumes(ray_clu
     assert result["rows_in"] == len(records) == result["products_out"] and result["attempts"] == 2
 
 
+@pytest.mark.slow  # 50 s: it waits for real heartbeats; tests/pipelines/test_report.py holds the lease's rules in seconds
 def test_a_second_attempt_beside_a_running_one_gives_way_and_leaves_its_files(ray_cluster, tmp_path, capsys):
     """Two attempts on one output would write the same chunks, and one that failed with nothing
     committed used to delete the other's files (helper-27, session 51)."""

@@ -119,6 +119,7 @@ def test_a_compaction_woken_after_another_finished_it_ends_on_its_lost_lease(fin
     assert raised.type is attempts.LostLeaseError and "lost its lease on" in str(raised.value)
 
 
+@pytest.mark.slow  # 30 s; the default run holds the same fence on local files (a new file in place, then taken over)
 @pytest.mark.parametrize("taker", ["compact", "overwrite"])
 def test_an_s3_compaction_woken_before_its_upload_deletes_what_it_uploaded(ray_cluster, s3_server, tmp_path,
                                                                           monkeypatch, taker):

@@ -120,7 +120,8 @@ def test_map_groups_are_consecutive_shards_of_about_map_bytes():
         IndexConfig(map_bytes=0)
 
 
-@pytest.mark.parametrize("map_bytes", [1, 1 << 30], ids=["a-task-per-shard", "a-task-per-cpu"])
+@pytest.mark.parametrize("map_bytes", [1, pytest.param(1 << 30, marks=pytest.mark.slow)],  # 20 s each
+                         ids=["a-task-per-shard", "a-task-per-cpu"])
 def test_verdicts_equal_the_reference_with_small_tasks(ray_cluster, tmp_path, map_bytes):
     rng = random.Random(7)
     source = tmp_path / "in"
