@@ -193,8 +193,9 @@ def reading(output: str):
     a ``ValueError`` saying so, instead of what the reader tripped on or a wrong count, when one began
     or ended while the block read (a file gone, or a group's rows read from its new file and from its
     originals alike): the marker appeared, or ``_compacted.json`` changed."""
-    check_readable(output)
     before = _compactions(output)
+    if before[0]:  # ``check_readable``, from the same request
+        raise ValueError(compacting_message(output))
     try:
         yield
     except (OSError, ValueError) as err:
