@@ -29,9 +29,12 @@ import warnings
 # lines of Ray's C++ core (written to fd 2, not through Python) that are harmless for this job
 NOISE = (re.compile(rb"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store "
                     rb"and max_restarts > 0"),
-         # the raylet's word (through the driver) on a task of an actor this job stopped itself (SIGTERM, the end)
+         # the raylet's word (through the driver) on a task of an actor this job stopped itself (SIGTERM, the end),
+         # and on a task sent to an actor whose process just died: its "infinite retries" are the task's on the
+         # restarted actor, which reads as if --actor-restarts were ignored (the death itself stays: Ray's "A
+         # worker died" line, and hpd's own once the restarts are spent)
          re.compile(rb"\(raylet\).* There are infinite retries remaining, so the task will be retried\. Error: The actor "
-                    rb"is dead because it was killed by `ray\.kill`\."),
+                    rb"(is dead because it was killed by `ray\.kill`\.|is temporarily unavailable)"),
          # the last 20 lines of a dead raylet's log that Ray prints under its "Raylet is terminated" line
          # (that line stays, and hpd's own follows: jobs.nodewatch)
          re.compile(rb"^    \[(state-dump\]|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z] \d+ \d+\] \(raylet\))"))

@@ -522,6 +522,11 @@ def test_stderr_filter_drops_rays_harmless_notices_and_a_dead_raylets_log_and_ke
         "    os.write(2, b'[2026-11-23 E 1 1] core_worker.cc:1: a real error\\n')\n"
         "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m Task MapWorker(MapBatches(ExtractStage)).submit failed. There are infinite "
         "retries remaining, so the task will be retried. Error: The actor is dead because it was killed by `ray.kill`.\\n')\n"
+        "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m Task MapWorker(MapBatches(ExtractStage)).submit failed. There are "
+        "infinite retries remaining, so the task will be retried. Error: The actor is temporarily unavailable: RpcError: "
+        "RPC error: Socket closed rpc_code: 14\\n')\n"
+        "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m A worker died or was killed while executing a task by an unexpected "
+        "system error.\\n')\n"
         "    os.write(2, b'\\x1b[33m(raylet)\\x1b[0m Task X failed. There are infinite retries remaining, so the task will be "
         "retried. Error: The actor is dead because its worker process has died.\\n')\n"
         "    os.write(2, b'    [state-dump] \\n    [2026-11-30 10:24:16,276 I 2776 2776] (raylet) node_manager.cc:1477: "
@@ -535,7 +540,8 @@ def test_stderr_filter_drops_rays_harmless_notices_and_a_dead_raylets_log_and_ke
     assert done.returncode == 0
     died = (b"\x1b[33m(raylet)\x1b[0m Task X failed. There are infinite retries remaining, so the task will be retried. "
             b"Error: The actor is dead because its worker process has died.\n")  # not one this job stopped: kept
-    assert done.stderr == (b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\n" + died
+    crashed = b"\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system error.\n"
+    assert done.stderr == (b"[2026-11-23 E 1 1] core_worker.cc:1: a real error\n" + crashed + died
                            + b"    [2026-11-30 10:24:16,276 I 2776 2776] core_worker.cc:1: not the raylet\n"
                            + b"progress\rdone\nafter\n")
     assert StderrFilter(active=False).__enter__() is not None
