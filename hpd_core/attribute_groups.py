@@ -153,4 +153,5 @@ def split_example(example, layout: Layout, window: int | None) -> list:
         return [example]
     request = example.request
     return [replace(example, request=replace(request, attributes=request.attributes[a:b]),
-                    values=tuple(row[a:b] for row in example.values)) for a, b in cut]
+                    values=tuple(row[a:b] for row in example.values),
+                    scored=None if example.scored is None else tuple(row[a:b] for row in example.scored)) for a, b in cut]

@@ -8,7 +8,9 @@ tokenized on their own, as the engine splits key and value, up to the token that
 value, where the engine stops (stopping.py: a string's closing quote, null's last letter; a
 terminator in a token of its own after them is not generated). The final token vK is produced but
 never fed, so the inputs are v1..v(K-1) and the labels are
-anchor -> v1, v1 -> v2, ..., v(K-1) -> vK; every other token has label ``IGNORE``. A value longer
+anchor -> v1, v1 -> v2, ..., v(K-1) -> vK; every other token has label ``IGNORE``, and so do the
+tokens of a value that is not a target (``Labeled.scored``: fed all the same, so the slots after it
+see what the engine would show them). A value longer
 than K_max tokens is cut to its first K_max tokens, exactly what the engine would produce before
 flagging the slot truncated: those K_max labels are still correct next tokens, so they are kept.
 
@@ -46,14 +48,27 @@ class Labeled:
     category: str
     product: Product
     values: tuple[str | None, ...]
+    # per value, whether it is a target (None: every one). A value that is not is still fed as its
+    # slot's tokens, so the steps after it see it as the engine would, but carries no loss: a
+    # teacher's value the teacher was unsure of (training/data.py).
+    scored: tuple[bool, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Example:
-    """One training prompt: a request of J products and the target values ``values[j][n]``."""
+    """One training prompt: a request of J products and the target values ``values[j][n]``;
+    ``scored[j][n]`` whether that value carries loss (None: every value, as ``Labeled.scored``)."""
 
     request: Request
     values: tuple[tuple[str | None, ...], ...]
+    scored: tuple[tuple[bool, ...], ...] | None = None
+
+    def is_scored(self, slot: int) -> bool:
+        """Whether slot ``slot`` (product-major) is a target."""
+        if self.scored is None:
+            return True
+        n_attr = len(self.request.attributes)
+        return self.scored[slot // n_attr][slot % n_attr]
 
 
 @dataclass(frozen=True)
@@ -108,7 +123,10 @@ def stack_examples(
                         f"product {item.product.product_id!r}: {len(item.values)} values for {len(attrs)} attributes"
                     )
             request = Request(category, attrs, tuple(item.product for item in chunk))
-            examples.append(Example(request, tuple(item.values for item in chunk)))
+            scored = None
+            if any(item.scored is not None for item in chunk):
+                scored = tuple(item.scored or (True,) * len(attrs) for item in chunk)
+            examples.append(Example(request, tuple(item.values for item in chunk), scored))
     return examples
 
 
@@ -133,7 +151,7 @@ def until_complete(tokenizer, tokens: list[int]) -> list[int]:
 
 
 def hpd_features(tokenizer, example: Example, k_max: int, skeleton: str = "after-products") -> Features:
-    """The training view of one prompt, labels on every value token (see module doc)."""
+    """The training view of one prompt, labels on every value token of a scored value (see module doc)."""
     layout = build_layout(example.request, tokenizer, k_max, skeleton)
     full = value_tokens(tokenizer, example)
     gold = [tokens[:k_max] for tokens in full]  # what the engine produces before cutting
@@ -141,6 +159,8 @@ def hpd_features(tokenizer, example: Example, k_max: int, skeleton: str = "after
     ids, pos, gen, last = logical_sequence(layout, fed)
     labels = [IGNORE] * len(ids)
     for s, tokens in enumerate(gold):
+        if not example.is_scored(s):
+            continue  # fed, but not a target
         anchor = last[s] - len(fed[s])  # index of slot s's anchor in the logical sequence
         labels[anchor : anchor + len(tokens)] = tokens  # anchor -> v1, v_k -> v_(k+1)
     truncated = sum(len(tokens) > k_max for tokens in full)
@@ -150,6 +170,9 @@ def hpd_features(tokenizer, example: Example, k_max: int, skeleton: str = "after
 def ar_features(tokenizer, example: Example) -> Features:
     """The baseline's sequence: prompt + ``{\\n`` (no loss), rest of the answer + eos (loss)."""
     request = example.request
+    if example.scored is not None and not all(all(row) for row in example.scored):
+        raise ValueError("values that carry no loss are for the HPD view only: the baseline's "
+                         "answer is one sequence")
     prefix = answer_prefix()
     prompt = encode_prompt(tokenizer, render_prompt(request, tokenizer) + prefix)
     answer_text = render_answer(request, [list(row) for row in example.values], special_texts(tokenizer))

@@ -360,7 +360,7 @@ def train(
             for b in group:
                 with _autocast(model, config):
                     losses = token_losses(model, collate_for(model, tokenizer, b))
-                    loss = losses.sum() / n_labels
+                    loss = losses.sum() / max(n_labels, 1)  # a group of unscored values only: no gradient
                 loss.backward()
                 step_loss += float(loss.detach())
                 tokens = sum(len(f.input_ids) for f in b)

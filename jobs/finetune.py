@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records; not with --teacher)")
     data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold "
                                         "(no OUT/validation/ is written: its products have no gold)")
+    data.add_argument("--min-confidence", type=float, metavar="P",
+                      help="with --teacher (an `hpd extract --confidence` output) and --decoder hpd: a teacher value "
+                           "below this confidence is fed but is no target, so a catalog trains on its own sure values "
+                           "without labels")
     data.add_argument(
         "--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="products held out for validation loss (default %(default)s)"
     )
@@ -327,6 +331,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.teacher is not None and args.gold is not None:
         raise ValueError(f"--gold {args.gold} with --teacher {args.teacher}: the teacher's values replace gold, so "
                          "--gold would be ignored; give one of them")
+    if args.min_confidence is not None:
+        if args.teacher is None:
+            raise ValueError("--min-confidence is for a teacher's values (--teacher OUTPUT): gold values are all targets")
+        if not 0 < args.min_confidence <= 1:
+            raise ValueError(f"--min-confidence must be in (0, 1], got {args.min_confidence}")
+        if args.decoder == "ar":
+            raise ValueError("--min-confidence is for --decoder hpd: the baseline's answer is one sequence, whose "
+                             "values cannot be left out of the loss one by one")
     if args.stop_after_epoch is not None and not 1 <= args.stop_after_epoch:
         raise ValueError(f"--stop-after-epoch must be a positive int, got {args.stop_after_epoch}")
     bare = bare_model_name(args.model)
@@ -351,7 +363,7 @@ def _train(args: argparse.Namespace) -> int:
             logging.warning("%s %s", flag, warning)
 
     sources = gold.resolve_sources(args.train, args.attributes, args.gold)
-    data = gold.load_teacher(sources, args.teacher) if args.teacher else gold.load_gold(sources)
+    data = gold.load_teacher(sources, args.teacher, args.min_confidence) if args.teacher else gold.load_gold(sources)
     if not args.teacher and (draft := gold.uncorrected_draft(sources)) is not None:
         logging.warning("%s is %s as `hpd pick` wrote it: the labels are the model's own uncorrected values, "
                         "which teach it nothing new; correct the draft's values first", sources.gold, draft)

@@ -142,7 +142,8 @@ def digest(data: TrainingData) -> str:
     order) and the schema's attributes with their descriptions. `hpd finetune --resume` compares it
     with the first sitting's, so that changed gold values (same counts) are not trained on silently."""
     content = {
-        "products": [[p.category, asdict(p.product), list(p.values)] for p in data.products],
+        "products": [[p.category, asdict(p.product), list(p.values)] + ([] if p.scored is None else [list(p.scored)])
+                     for p in data.products],
         "attributes": {c: [[a.name, a.description] for a in attrs] for c, attrs in data.attributes.items()},
     }
     return hashlib.sha256(json.dumps(content, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
@@ -220,30 +221,44 @@ def uncorrected_draft(sources: Sources) -> Path | None:
     return None
 
 
-def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int]:
-    """``URI/attributes/`` -> (product_id -> attribute -> value, products with a truncated value, rows)."""
+def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int, dict[str, dict[str, float]] | None]:
+    """``URI/attributes/`` -> (product_id -> attribute -> value, products with a truncated value, rows,
+    product_id -> attribute -> confidence, or None when the output has no confidence column)."""
     fragments = attribute_files(uri, what="teacher output")
     values: dict[str, dict[str, object]] = {}
+    confidence: dict[str, dict[str, float]] | None = None
     truncated: set[str] = set()
     rows = 0
     for fragment in fragments:
-        table = read_columns(fragment, optional=("truncated",))
-        flags = table.get("truncated") or [False] * len(table["product_id"])
-        for product_id, attribute, value, flag in zip(table["product_id"], table["attribute"], table["value"], flags):
+        table = read_columns(fragment, optional=("truncated", "confidence"))
+        n_rows = len(table["product_id"])
+        flags = table.get("truncated") or [False] * n_rows
+        sure = table.get("confidence")
+        if sure is not None and confidence is None:
+            confidence = {}
+        for i, (product_id, attribute, value, flag) in enumerate(zip(table["product_id"], table["attribute"], table["value"], flags)):
             values.setdefault(product_id, {})[attribute] = value
+            if sure is not None and sure[i] is not None:
+                confidence.setdefault(product_id, {})[attribute] = sure[i]
             if flag:
                 truncated.add(product_id)
-        rows += len(table["product_id"])
-    return values, truncated, rows
+        rows += n_rows
+    return values, truncated, rows, confidence
 
 
-def load_teacher(sources: Sources, teacher: str) -> TrainingData:
-    """Records joined with a teacher's ``hpd extract`` output (see module doc)."""
+def load_teacher(sources: Sources, teacher: str, min_confidence: float | None = None) -> TrainingData:
+    """Records joined with a teacher's ``hpd extract`` output (see module doc). With
+    ``min_confidence``, a value the teacher gave a lower confidence (or none: the text check's nulls)
+    is fed but is not a target (``Labeled.scored``): training on a catalog's own confident values
+    without labelling it."""
     schema = load_schema(str(sources.attributes))
     accepted, stats, _ = accepted_records(sources.records, schema)
-    predicted, truncated, stats["teacher_rows"] = read_teacher(teacher)
+    predicted, truncated, stats["teacher_rows"], confidence = read_teacher(teacher)
+    if min_confidence is not None and confidence is None:
+        raise ValueError(f"--min-confidence {min_confidence}: the teacher output {teacher} has no confidence column; "
+                         "extract it with `hpd extract --confidence`")
     skipped: Counter[str] = Counter()
-    missing_values = 0
+    missing_values = unscored = 0
     products = []
     for item in accepted:
         product_id = item.product.product_id
@@ -257,6 +272,13 @@ def load_teacher(sources: Sources, teacher: str) -> TrainingData:
         names = [a.name for a in schema.attributes(item.category)]
         missing_values += sum(name not in answer for name in names)
         values = tuple(None if answer.get(name) is None else str(answer[name]) for name in names)
-        products.append(Labeled(item.category, item.product, values))
+        scored = None
+        if min_confidence is not None:
+            sure = confidence.get(product_id, {})
+            scored = tuple(name in sure and sure[name] >= min_confidence for name in names)
+            unscored += scored.count(False)
+        products.append(Labeled(item.category, item.product, values, scored))
     stats.update(skipped=dict(skipped), teacher_missing_values=missing_values)
+    if min_confidence is not None:
+        stats["teacher_values_below_confidence"] = unscored
     return _finish(products, schema, stats)

@@ -162,6 +162,38 @@ def test_hpd_labels_are_the_gold_values(tokenizer):
         assert max(f.gen) <= K_MAX - 1  # the K_max-th token is a label only, never an input
 
 
+def test_an_unscored_value_is_fed_but_carries_no_loss(tokenizer):
+    """A value left out of the loss (a teacher's unsure one) is in the sequence as before, so the
+    other slots see the same tokens, and only its own labels are gone."""
+    rng = random.Random(9)
+    for example in random_examples(seed=9, n=6):
+        request = example.request
+        n_attr = len(request.attributes)
+        scored = tuple(tuple(rng.random() < 0.5 for _ in range(n_attr)) for _ in request.products)
+        whole, part = hpd_features(tokenizer, example, K_MAX), hpd_features(tokenizer, dataclasses.replace(example, scored=scored), K_MAX)
+        assert (part.input_ids, part.position_ids, part.gen) == (whole.input_ids, whole.position_ids, whole.gen)
+        layout = build_layout(request, tokenizer, K_MAX)
+        for s in range(request.num_slots):  # each slot's labels: from its anchor on, K_max at most
+            anchor = whole.position_ids.index(layout.anchor_pos[s])
+            width = next((i for i in range(1, K_MAX + 1) if anchor + i >= len(whole.gen) or whole.gen[anchor + i] != i), K_MAX)
+            kept = part.labels[anchor : anchor + width]
+            assert kept == (whole.labels[anchor : anchor + width] if scored[s // n_attr][s % n_attr] else (IGNORE,) * width)
+        assert sum(1 for t in part.labels if t != IGNORE) < sum(1 for t in whole.labels if t != IGNORE) or all(map(all, scored))
+        with pytest.raises(ValueError, match="for the HPD view only"):
+            ar_features(tokenizer, dataclasses.replace(example, scored=((False,) * n_attr,) * len(request.products)))
+
+
+def test_stacking_carries_which_values_are_scored():
+    rng = random.Random(0)
+    request = random_request(rng, 1, 2)
+    attrs = {"A": request.attributes}
+    products = [Labeled("A", Product(f"p{i}", "t"), ("x", None), (True, bool(i % 2)) if i < 3 else None) for i in range(6)]
+    for example in stack_examples(products, attrs, 2, random.Random(1), 4):
+        ids = [int(p.product_id[1:]) for p in example.request.products]
+        expected = tuple((True, bool(i % 2)) if i < 3 else (True, True) for i in ids)
+        assert example.scored == (expected if min(ids) < 3 else None)
+
+
 def test_ar_labels_decode_to_the_answer(tokenizer):
     for example in random_examples(seed=8, n=4):
         f = ar_features(tokenizer, example)

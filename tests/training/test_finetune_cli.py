@@ -134,6 +134,69 @@ def test_teacher_targets_from_extract_output(data_dir, tmp_path):
     assert data.stats["skipped"] == {"teacher value truncated": 1, "no teacher values": 2}
 
 
+def write_teacher(folder: Path, confidence: bool) -> str:
+    """An `hpd extract` output for the first three TITLES products: value ``v<i><n>``; with
+    ``confidence``, 0.95 or 0.5 by turns, none for each product's third attribute."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i, (category, _, _) in enumerate(TITLES[:3]):
+        for n, attribute in enumerate(ATTRIBUTES[category]):
+            row = {"product_id": f"p{i}", "category": category, "attribute": attribute, "value": f"v{i}{n}",
+                   "truncated": False}
+            if confidence:
+                row["confidence"] = None if n == 2 else (0.95 if (i + n) % 2 == 0 else 0.5)
+            rows.append(row)
+    for category in ATTRIBUTES:
+        part = folder / "attributes" / f"category={category}"
+        part.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([r for r in rows if r["category"] == category]), part / "part-0.parquet")
+    return str(folder)
+
+
+def test_teacher_values_below_a_confidence_are_no_targets(data_dir, tmp_path):
+    """--min-confidence: a teacher value under it (or without one: the text check's null) is kept
+    as the slot's value and marked unscored; an output without confidences is refused."""
+    sources = gold.resolve_sources(data_dir / "records.jsonl")
+    run = write_teacher(tmp_path / "run", confidence=True)
+    data = gold.load_teacher(sources, run, min_confidence=0.9)
+    by_id = {p.product.product_id: p for p in data.products}
+    assert by_id["p0"].values == ("v00", "v01", "v02") and by_id["p0"].scored == (True, False, False)
+    assert by_id["p1"].scored == (False, True, False) and by_id["p2"].scored == (True, False)
+    assert data.stats["teacher_values_below_confidence"] == 5
+    plain = gold.load_teacher(sources, run)
+    assert all(p.scored is None for p in plain.products) and "teacher_values_below_confidence" not in plain.stats
+    assert gold.digest(plain) != gold.digest(data)  # a resume with another floor trains on other targets
+    with pytest.raises(ValueError, match="has no confidence column; extract it with `hpd extract --confidence`"):
+        gold.load_teacher(sources, write_teacher(tmp_path / "bare", confidence=False), min_confidence=0.9)
+
+
+def test_cli_trains_on_a_teachers_sure_values(data_dir, model_dir, tmp_path, capsys):
+    out = tmp_path / "adapter"
+    argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
+            "--teacher", write_teacher(tmp_path / "teacher", confidence=True), "--min-confidence", "0.9",
+            "--docs-per-prompt", "2", "--max-value-tokens", "8", "--lora-rank", "4", "--epochs", "1",
+            "--val-fraction", "0.34", "--lr", "1e-2"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    record = json.loads((out / CONFIG_FILE).read_text())
+    assert summary["steps"] >= 1 and record["args"]["min_confidence"] == 0.9
+    assert record["data"]["teacher_values_below_confidence"] == 5 and record["data"]["products"] == 3
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--min-confidence is for a teacher's values (--teacher OUTPUT)"),
+    (["--teacher", "T", "--decoder", "ar"], "--min-confidence is for --decoder hpd"),
+    (["--teacher", "T", "--min-confidence", "1.5"], "--min-confidence must be in (0, 1], got 1.5"),
+])
+def test_a_confidence_floor_needs_a_teacher_and_the_hpd_view(data_dir, tmp_path, capsys, extra, message):
+    argv = ["finetune", "--train", str(data_dir), "--out", str(tmp_path / "run"), "--min-confidence", "0.9", *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_split_is_seeded_and_disjoint():
     items = list(range(20))
     train, val = split(items, 0.25, seed=3)
