@@ -12,7 +12,9 @@ Two sources of target values, always joined to a records file by ``product_id``:
   ``attributes/category=<escaped>/`` holds Parquet rows ``{product_id, attribute, value, truncated,
   ...}`` (categories come from the records). Products the teacher did not answer are skipped; so are products with any
   truncated teacher value (a cut value is not a target). A schema attribute with no teacher row
-  counts as null and is reported.
+  counts as null and is reported. With a confidence floor (``--min-confidence``, an output of
+  ``hpd extract --confidence``) a value below it is kept as its slot's value but is no target
+  (``Labeled.scored``).
 
 Records are validated exactly as the extraction job validates them (``pipelines.schema``), so a
 training prompt holds the same product text and attribute list as an extraction prompt. Rejected
