@@ -14,6 +14,7 @@ and ``read_values`` the values of a few products (what `hpd pick` does).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
@@ -43,6 +44,13 @@ class Predictions:
     least_id: object = None  # the smallest of them (for messages); None: no rows
     # category -> the attribute names of its products' values, over the whole output
     attributes: dict[str | None, frozenset] = field(default_factory=dict)
+
+
+def stored_threshold(threshold: float) -> float:
+    """``threshold`` rounded as the float32 ``confidence`` column stores its values, so that a value
+    written as 0.9 counts as at least 0.9 (``hpd evaluate``'s table and ``hpd finetune
+    --min-confidence`` alike)."""
+    return struct.unpack("f", struct.pack("f", threshold))[0]
 
 
 def attribute_files(uri: str, what: str = "predictions") -> list:

@@ -12,11 +12,11 @@ check wrote as null) are never dropped; a table is made only when some value has
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from datafiles.dataset import GoldExample
+from datafiles.predictions import stored_threshold
 from evaluation.metrics import Scores, extractgpt_metric, is_null_prediction, strict_metric
 
 THRESHOLDS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -39,7 +39,7 @@ def kept(
     predictions: Mapping[str, Mapping[str, object]], confidence: Mapping[str, Mapping[str, float]], threshold: float
 ) -> dict[str, dict[str, object]]:
     """The predictions with every value whose confidence is below ``threshold`` read as null."""
-    at_least = struct.unpack("f", struct.pack("f", threshold))[0]  # as the float32 column stores it
+    at_least = stored_threshold(threshold)
 
     def keep(product_id: str, attribute: str, value: object) -> object:
         sure = confidence.get(product_id, {}).get(attribute)

@@ -15,6 +15,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +44,12 @@ class TrainReport:
     examples_per_epoch: list[int] = field(default_factory=list)  # training prompts of each epoch
     steps_per_epoch: list[int] = field(default_factory=list)  # optimizer steps of each epoch
     planned_steps: int = 0  # what the learning-rate schedule spans: every epoch's steps (or max_steps)
-    train_losses: list[float] = field(default_factory=list)
+    train_losses: list[float | None] = field(default_factory=list)  # None: an empty step (empty_steps)
     val_losses: list[float | None] = field(default_factory=list)
     tokens: int = 0  # input tokens processed (no padding)
     label_tokens: int = 0
     truncated_slots: int = 0  # HPD gold values cut at K_max (first epoch)
+    empty_steps: int = 0  # optimizer steps with no label (unscored values only), skipped: the schedule still counts them
     seconds: float = 0.0
     stopped: bool = False  # ended early (stop_after_steps / stop_after_epoch), resumable from its checkpoint
 
@@ -357,31 +359,36 @@ def train(
             step_start = time.perf_counter()
             n_labels = sum(f.num_labels for b in group for f in b)
             step_loss = 0.0
-            for b in group:
-                with _autocast(model, config):
-                    losses = token_losses(model, collate_for(model, tokenizer, b))
-                    loss = losses.sum() / max(n_labels, 1)  # a group of unscored values only: no gradient
-                loss.backward()
-                step_loss += float(loss.detach())
-                tokens = sum(len(f.input_ids) for f in b)
-                window_tokens += tokens
-                report.tokens += tokens
-            report.label_tokens += n_labels
-            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
             step_lr = scheduler.get_last_lr()[0]  # the rate this step trains at (logged below)
-            optimizer.step()
-            scheduler.step()
+            if n_labels:
+                for b in group:
+                    with _autocast(model, config):
+                        losses = token_losses(model, collate_for(model, tokenizer, b))
+                        loss = losses.sum() / n_labels
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                    tokens = sum(len(f.input_ids) for f in b)
+                    window_tokens += tokens
+                    report.tokens += tokens
+                report.label_tokens += n_labels
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+            else:  # prompts of unscored values only (a teacher's floor): nothing to learn, so the weights stay
+                report.empty_steps += 1  # (AdamW would move them on its momentum and weight decay); the schedule goes on
+            with warnings.catch_warnings():  # torch warns of a schedule step with no optimizer step before it: meant
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             elapsed = time.perf_counter() - step_start
             report.seconds += elapsed
             window_seconds += elapsed
             report.steps += 1
             window_steps += 1
-            report.train_losses.append(step_loss)
+            report.train_losses.append(step_loss if n_labels else None)
             report.epochs = epoch + (first_micro + len(group)) / len(micro)
             if report.steps % config.log_every == 0 or report.steps == total:
-                log.info("step %d/%d epoch %.2f loss %.4f lr %.2e %.0f tokens/s %.2f s/step, %s to go",
-                         report.steps, total, report.epochs, step_loss, step_lr,
+                log.info("step %d/%d epoch %.2f loss %s lr %.2e %.0f tokens/s %.2f s/step, %s to go",
+                         report.steps, total, report.epochs, _fmt(report.train_losses[-1]), step_lr,
                          window_tokens / window_seconds, report.seconds / report.steps,
                          remaining(total - report.steps, window_seconds / window_steps))
                 window_tokens, window_seconds, window_steps = 0, 0.0, 0

@@ -306,6 +306,13 @@ def warn_about_data(stats: dict, sources) -> None:
         logging.warning("%d gold line(s) of %s have no record in %s (e.g. %s): their labels are not trained on; "
                         "do records and gold write the same ids?", stats["gold_not_in_records"], sources.gold,
                         sources.records, stats["gold_not_in_records_example"])
+    if stats.get("teacher_not_in_records"):
+        logging.warning("%d product(s) of the teacher output have no record in %s: their values are not trained on; "
+                        "was the teacher extracted from these records?", stats["teacher_not_in_records"], sources.records)
+    if stats.get("teacher_missing_values"):
+        logging.warning("%d of the schema's attribute values are missing from the teacher output (extracted with another "
+                        "schema?): each is fed as none%s", stats["teacher_missing_values"],
+                        "" if "teacher_values_below_confidence" in stats else " and trained as none")
     if stats.get("gold_category_differs"):
         logging.warning(
             "%d gold line(s) of %s give another category than their record (e.g. %s): they are trained with the "
@@ -443,8 +450,9 @@ def _train(args: argparse.Namespace) -> int:
         "decoder": config.decoder,
         "steps": report.steps,
         "seconds_per_step": report.seconds_per_step,
-        "train_loss": report.train_losses[-1] if report.train_losses else None,
+        "train_loss": next((loss for loss in reversed(report.train_losses) if loss is not None), None),
         "val_losses": report.val_losses,
+        **({"empty_steps": report.empty_steps} if report.empty_steps else {}),  # steps of unscored values only
     }
     print(json.dumps(summary))
     return 0

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, GOLD_DRAFT_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold, unknown_attributes
-from datafiles.predictions import attribute_files, read_columns
+from datafiles.predictions import attribute_files, read_columns, stored_threshold
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
 from hpd_core.spans import in_text
@@ -225,26 +225,33 @@ def uncorrected_draft(sources: Sources) -> Path | None:
 
 def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int, dict[str, dict[str, float]] | None]:
     """``URI/attributes/`` -> (product_id -> attribute -> value, products with a truncated value, rows,
-    product_id -> attribute -> confidence, or None when the output has no confidence column)."""
-    fragments = attribute_files(uri, what="teacher output")
+    product_id -> attribute -> confidence, or None when the output has no confidence column). A
+    product given an attribute twice is refused, as ``hpd evaluate`` refuses it (which row would be
+    the target?); not while `hpd compact` moves the output's files, nor across one."""
+    from pipelines.compact import reading
+
     values: dict[str, dict[str, object]] = {}
     confidence: dict[str, dict[str, float]] | None = None
     truncated: set[str] = set()
     rows = 0
-    for fragment in fragments:
-        table = read_columns(fragment, optional=("truncated", "confidence"))
-        n_rows = len(table["product_id"])
-        flags = table.get("truncated") or [False] * n_rows
-        sure = table.get("confidence")
-        if sure is not None and confidence is None:
-            confidence = {}
-        for i, (product_id, attribute, value, flag) in enumerate(zip(table["product_id"], table["attribute"], table["value"], flags)):
-            values.setdefault(product_id, {})[attribute] = value
-            if sure is not None and sure[i] is not None:
-                confidence.setdefault(product_id, {})[attribute] = sure[i]
-            if flag:
-                truncated.add(product_id)
-        rows += n_rows
+    with reading(str(uri)):
+        for fragment in attribute_files(uri, what="teacher output"):
+            table = read_columns(fragment, optional=("truncated", "confidence"))
+            n_rows = len(table["product_id"])
+            flags = table.get("truncated") or [False] * n_rows
+            sure = table.get("confidence")
+            if sure is not None and confidence is None:
+                confidence = {}
+            for i, (product_id, attribute, value, flag) in enumerate(zip(table["product_id"], table["attribute"], table["value"], flags)):
+                per_product = values.setdefault(product_id, {})
+                if attribute in per_product:
+                    raise ValueError(f"{fragment.path}: duplicate teacher value for product {product_id!r}, attribute {attribute!r}")
+                per_product[attribute] = value
+                if sure is not None and sure[i] is not None:
+                    confidence.setdefault(product_id, {})[attribute] = sure[i]
+                if flag:
+                    truncated.add(product_id)
+            rows += n_rows
     return values, truncated, rows, confidence
 
 
@@ -254,11 +261,14 @@ def load_teacher(sources: Sources, teacher: str, min_confidence: float | None = 
     is fed but is not a target (``Labeled.scored``): training on a catalog's own confident values
     without labelling it."""
     schema = load_schema(str(sources.attributes))
-    accepted, stats, _ = accepted_records(sources.records, schema)
+    accepted, stats, ids = accepted_records(sources.records, schema)
     predicted, truncated, stats["teacher_rows"], confidence = read_teacher(teacher)
     if min_confidence is not None and confidence is None:
         raise ValueError(f"--min-confidence {min_confidence}: the teacher output {teacher} has no confidence column; "
                          "extract it with `hpd extract --confidence`")
+    at_least = None if min_confidence is None else stored_threshold(min_confidence)
+    if strays := len(predicted.keys() - ids):  # their values are not trained on: counted, as gold_not_in_records
+        stats["teacher_not_in_records"] = strays
     skipped: Counter[str] = Counter()
     missing_values = unscored = 0
     products = []
@@ -277,10 +287,13 @@ def load_teacher(sources: Sources, teacher: str, min_confidence: float | None = 
         scored = None
         if min_confidence is not None:
             sure = confidence.get(product_id, {})
-            scored = tuple(name in sure and sure[name] >= min_confidence for name in names)
+            scored = tuple(name in sure and sure[name] >= at_least for name in names)
             unscored += scored.count(False)
         products.append(Labeled(item.category, item.product, values, scored))
     stats.update(skipped=dict(skipped), teacher_missing_values=missing_values)
     if min_confidence is not None:
         stats["teacher_values_below_confidence"] = unscored
+        if products and unscored == sum(len(p.values) for p in products):
+            raise ValueError(f"--min-confidence {min_confidence}: none of the teacher's {unscored} values in {teacher} for "
+                             "these records has that confidence, so there is nothing to train on; lower it")
     return _finish(products, schema, stats)

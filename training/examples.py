@@ -32,13 +32,15 @@ def example_text(values: Iterable[str]) -> str:
 def describe(
     products: Iterable[Labeled], attributes: dict[str, tuple[Attribute, ...]], k: int
 ) -> dict[str, tuple[Attribute, ...]]:
-    """The schema with each attribute described by its ``k`` most frequent target values."""
+    """The schema with each attribute described by its ``k`` most frequent target values (a
+    teacher's values below ``--min-confidence`` are no targets: ``Labeled.scored``)."""
     if k < 1:
         raise ValueError(f"the number of example values must be >= 1, got {k}")
     counts: dict[tuple[str, str], Counter[str]] = {}
     for product in products:
-        for attribute, value in zip(attributes[product.category], product.values):
-            if value is not None:
+        scored = product.scored or (True,) * len(product.values)
+        for attribute, value, target in zip(attributes[product.category], product.values, scored):
+            if value is not None and target:
                 counts.setdefault((product.category, attribute.name), Counter())[value] += 1
     described = {}
     for category, attrs in attributes.items():

@@ -259,6 +259,28 @@ def test_five_steps_lower_the_training_loss(tokenizer, decoder):
     assert report.val_losses == [None] * (1 + 5)  # one prompt per epoch: 5 epochs, no validation set
 
 
+def test_a_step_of_unscored_values_only_leaves_the_weights_as_they_are(tokenizer):
+    """A step whose prompts hold no target (a teacher's values all below the floor) takes no
+    optimizer step: AdamW would otherwise move the weights on its momentum and weight decay with no
+    gradient. The schedule still counts the step, and the report says how many there were."""
+    products, attrs = labeled_products(4)
+    unsure = [dataclasses.replace(p, scored=(False,) * len(p.values)) for p in products]
+    config = TrainConfig(docs_per_prompt=1, max_docs_per_prompt=None, max_value_tokens=K_MAX, lora_rank=4, lr=2e-2,
+                         weight_decay=0.1, grad_accum=1, epochs=2, warmup_ratio=0.0)
+    model = prepare_model(tiny_model("llama", len(tokenizer)), config)
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    report = train(model, tokenizer, unsure, [], attrs, config)
+    assert report.steps == 8 and report.empty_steps == 8 and report.label_tokens == 0
+    assert report.train_losses == [None] * 8
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p, before[name]), name
+    mixed = unsure[:2] + products[2:]  # two prompts of targets an epoch, two without
+    report = train(prepare_model(tiny_model("llama", len(tokenizer)), config), tokenizer, mixed, [], attrs, config)
+    assert report.steps == 8 and report.empty_steps == 4 and report.label_tokens > 0
+    assert sum(loss is None for loss in report.train_losses) == 4
+
+
 def test_progress_line_says_the_time_to_go(tokenizer, caplog):
     products, attrs = labeled_products(1)
     model = prepare_model(tiny_model("llama", len(tokenizer)), TrainConfig(lora_rank=4))

@@ -39,6 +39,14 @@ def test_most_frequent_values_first_ties_in_first_seen_order():
     assert described["Tea"] == (Attribute("Flavor", 'e.g. "Mint"'),)
 
 
+def test_a_teachers_unsure_values_describe_nothing():
+    """Values that are no targets (``Labeled.scored``: below a teacher's floor) are not examples."""
+    sure = Labeled("Shoes", Product("p", "title"), ("Acme", "7 M US", None), (True, False, False))
+    unsure = [Labeled("Shoes", Product(f"q{i}", "title"), ("Sneaker", "9", None), (False, True, False)) for i in range(3)]
+    brand, size, _ = describe([sure, *unsure], ATTRIBUTES, 2)["Shoes"]
+    assert brand == Attribute("Brand", 'e.g. "Acme"') and size == Attribute("Size", 'shoe size; e.g. "9"')
+
+
 def test_values_are_json_strings_and_k_caps_the_list():
     brand = describe(PRODUCTS, ATTRIBUTES, 5)["Shoes"][0]
     assert brand.description == 'e.g. "Acme", "Nike", "Say \\"Hi\\", Co"'

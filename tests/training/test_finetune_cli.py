@@ -172,6 +172,37 @@ def test_teacher_values_below_a_confidence_are_no_targets(data_dir, tmp_path):
         gold.load_teacher(sources, write_teacher(tmp_path / "bare", confidence=False), min_confidence=0.9)
 
 
+def test_a_teachers_floor_reads_confidences_as_stored_and_refuses_what_it_cannot_use(data_dir, tmp_path):
+    """The float32 column stores 0.9 as 0.89999998: at --min-confidence 0.9 it is a target, as
+    `hpd evaluate`'s 0.9 row keeps it. A floor no value reaches, and an attribute given twice, are
+    refused; products the records lack are counted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sources = gold.resolve_sources(data_dir / "records.jsonl")
+    category, _, _ = TITLES[0]
+    names = ATTRIBUTES[category]
+
+    def teacher(folder: Path, rows: list[dict]) -> str:
+        part = folder / "attributes" / f"category={category}"
+        part.mkdir(parents=True)
+        schema = pa.schema([("product_id", pa.string()), ("attribute", pa.string()), ("value", pa.string()),
+                            ("truncated", pa.bool_()), ("confidence", pa.float32())])
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), part / "part-0.parquet")
+        return str(folder)
+
+    rows = [{"product_id": pid, "attribute": name, "value": f"{pid}-{name}", "truncated": False, "confidence": 0.9}
+            for pid in ("p0", "stray") for name in names]
+    data = gold.load_teacher(sources, teacher(tmp_path / "at", rows), min_confidence=0.9)
+    assert [p.scored for p in data.products] == [(True,) * len(names)]
+    assert data.stats["teacher_values_below_confidence"] == 0 and data.stats["teacher_not_in_records"] == 1
+    with pytest.raises(ValueError, match="none of the teacher's 3 values .* has that confidence, so there is nothing to train on"):
+        gold.load_teacher(sources, str(tmp_path / "at"), min_confidence=0.95)
+    twice = rows[:1] + [{**rows[0], "value": None, "confidence": None}]
+    with pytest.raises(ValueError, match="duplicate teacher value for product 'p0', attribute 'Brand'"):
+        gold.load_teacher(sources, teacher(tmp_path / "twice", twice), min_confidence=0.9)
+
+
 def test_cli_trains_on_a_teachers_sure_values(data_dir, model_dir, tmp_path, capsys):
     out = tmp_path / "adapter"
     argv = ["finetune", "--train", str(data_dir), "--model", str(model_dir), "--out", str(out),
