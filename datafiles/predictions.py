@@ -44,6 +44,9 @@ class Predictions:
     least_id: object = None  # the smallest of them (for messages); None: no rows
     # category -> the attribute names of its products' values, over the whole output
     attributes: dict[str | None, frozenset] = field(default_factory=dict)
+    # of the products ``values`` holds, those with a row flagged ``truncated`` (a value cut at K_max,
+    # or the product's text cut)
+    truncated_products: set = field(default_factory=set)
 
 
 def stored_threshold(threshold: float) -> float:
@@ -113,12 +116,13 @@ def _read_all(uri: str) -> Predictions:
     values: dict[str, dict[str, object]] = {}
     categories: dict[str, str | None] = {}
     confidence: dict[str, dict[str, float]] = {}
+    truncated_products: set = set()
     rows = truncated = 0
     for fragment in fragments:
         table = read_columns(fragment, optional=("category", "truncated", "confidence"))
         n_rows = len(table["product_id"])
         file_categories = table.get("category", [_partition_category(fragment.path)] * n_rows)
-        _fold(fragment.path, table, file_categories, values, categories, confidence)
+        _fold(fragment.path, table, file_categories, values, categories, confidence, truncated_products)
         truncated += sum(1 for flag in table.get("truncated", ()) if flag)
         rows += n_rows
     names: dict[str | None, set] = {}
@@ -126,7 +130,7 @@ def _read_all(uri: str) -> Predictions:
         names.setdefault(categories[product_id], set()).update(per_product)
     return Predictions(values, categories, rows, len(fragments), truncated, confidence, len(values),
                        min((p for p in values if p is not None), default=None, key=_id_order),
-                       {c: frozenset(n) for c, n in names.items()})
+                       {c: frozenset(n) for c, n in names.items()}, truncated_products)
 
 
 def _id_order(product_id: object) -> tuple[str, object]:
@@ -149,10 +153,11 @@ def _plain_ids(ids):
 
 
 def _fold(path: str, table: dict[str, list], file_categories: list, values: dict, categories: dict,
-          confidence: dict) -> None:
+          confidence: dict, truncated_products: set) -> None:
     """Add one file's rows (``table``: columns as lists) to product_id -> attribute -> value, the
-    products' categories (their first row's) and confidences; a product given an attribute twice is
-    refused."""
+    products' categories (their first row's), confidences and the products with a truncated row; a
+    product given an attribute twice is refused."""
+    flags = table.get("truncated") or ()
     for i, (product_id, attribute, value) in enumerate(zip(table["product_id"], table["attribute"], table["value"])):
         per_product = values.setdefault(product_id, {})
         if attribute in per_product:
@@ -162,6 +167,8 @@ def _fold(path: str, table: dict[str, list], file_categories: list, values: dict
         sure = table["confidence"][i] if "confidence" in table else None
         if sure is not None:
             confidence.setdefault(product_id, {})[attribute] = sure
+        if flags and flags[i]:
+            truncated_products.add(product_id)
 
 
 def _read_some(uri: str, only: Collection[str]) -> Predictions:
@@ -185,6 +192,7 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
     values: dict[str, dict[str, object]] = {}
     categories: dict[str, str | None] = {}
     confidence: dict[str, dict[str, float]] = {}
+    truncated_products: set = set()
     names: dict[str | None, set] = {}
     rows = truncated = products = files = 0
     least = None
@@ -224,12 +232,12 @@ def _read_some(uri: str, only: Collection[str]) -> Predictions:
             held = pc.is_in(ids, value_set=value_sets[ids.type])
         if not pc.any(held).as_py():
             continue
-        kept = [c for c in (*REQUIRED_COLUMNS, PARTITION_KEY, "confidence") if c in present]
+        kept = [c for c in (*REQUIRED_COLUMNS, PARTITION_KEY, "truncated", "confidence") if c in present]
         wanted = file.read(columns=kept).set_column(0, "product_id", ids).filter(held).to_pydict()  # kept[0]: product_id
         file_categories = wanted.get(PARTITION_KEY, [_partition_category(path)] * len(wanted["product_id"]))
-        _fold(path, wanted, file_categories, values, categories, confidence)
+        _fold(path, wanted, file_categories, values, categories, confidence, truncated_products)
     return Predictions(values, categories, rows, files, truncated, confidence, products, least,
-                       {c: frozenset(n) for c, n in names.items()})
+                       {c: frozenset(n) for c, n in names.items()}, truncated_products)
 
 
 def _refuse_duplicate(path: str, table, earlier: dict[str, dict[str, object]]) -> None:
@@ -327,5 +335,5 @@ def read_values(filesystem, paths: Iterable[str], product_ids: Collection[str]) 
     for path in paths:
         table = _ids_as_text(_open(filesystem, path).read(columns=list(REQUIRED_COLUMNS)))
         table = table.filter(pc.is_in(table["product_id"], value_set=wanted)).to_pydict()
-        _fold(path, table, [None] * len(table["product_id"]), values, {}, {})  # the values alone
+        _fold(path, table, [None] * len(table["product_id"]), values, {}, {}, set())  # the values alone
     return values

@@ -306,9 +306,6 @@ def warn_about_data(stats: dict, sources) -> None:
         logging.warning("%d gold line(s) of %s have no record in %s (e.g. %s): their labels are not trained on; "
                         "do records and gold write the same ids?", stats["gold_not_in_records"], sources.gold,
                         sources.records, stats["gold_not_in_records_example"])
-    if stats.get("teacher_not_in_records"):
-        logging.warning("%d product(s) of the teacher output have no record in %s: their values are not trained on; "
-                        "was the teacher extracted from these records?", stats["teacher_not_in_records"], sources.records)
     if stats.get("teacher_missing_values"):
         logging.warning("%d of the schema's attribute values are missing from the teacher output (extracted with another "
                         "schema?): each is fed as none%s", stats["teacher_missing_values"],

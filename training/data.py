@@ -14,7 +14,8 @@ Two sources of target values, always joined to a records file by ``product_id``:
   truncated teacher value (a cut value is not a target). A schema attribute with no teacher row
   counts as null and is reported. With a confidence floor (``--min-confidence``, an output of
   ``hpd extract --confidence``) a value below it is kept as its slot's value but is no target
-  (``Labeled.scored``).
+  (``Labeled.scored``). Of the output only the records' products are held (``read_predictions(uri,
+  only=...)``, a file at a time): it may be a whole catalog's run, the records a sample of it.
 
 Records are validated exactly as the extraction job validates them (``pipelines.schema``), so a
 training prompt holds the same product text and attribute list as an extraction prompt. Rejected
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, GOLD_DRAFT_FILE, GOLD_FILE, NULL_GOLD, RECORDS_FILE, read_gold, unknown_attributes
-from datafiles.predictions import attribute_files, read_columns, stored_threshold
+from datafiles.predictions import read_predictions, stored_threshold
 from datafiles.storage import read_json_lines
 from hpd_core.collate import Labeled
 from hpd_core.spans import in_text
@@ -223,52 +224,21 @@ def uncorrected_draft(sources: Sources) -> Path | None:
     return None
 
 
-def read_teacher(uri: str) -> tuple[dict[str, dict[str, object]], set[str], int, dict[str, dict[str, float]] | None]:
-    """``URI/attributes/`` -> (product_id -> attribute -> value, products with a truncated value, rows,
-    product_id -> attribute -> confidence, or None when the output has no confidence column). A
-    product given an attribute twice is refused, as ``hpd evaluate`` refuses it (which row would be
-    the target?); not while `hpd compact` moves the output's files, nor across one."""
-    from pipelines.compact import reading
-
-    values: dict[str, dict[str, object]] = {}
-    confidence: dict[str, dict[str, float]] | None = None
-    truncated: set[str] = set()
-    rows = 0
-    with reading(str(uri)):
-        for fragment in attribute_files(uri, what="teacher output"):
-            table = read_columns(fragment, optional=("truncated", "confidence"))
-            n_rows = len(table["product_id"])
-            flags = table.get("truncated") or [False] * n_rows
-            sure = table.get("confidence")
-            if sure is not None and confidence is None:
-                confidence = {}
-            for i, (product_id, attribute, value, flag) in enumerate(zip(table["product_id"], table["attribute"], table["value"], flags)):
-                per_product = values.setdefault(product_id, {})
-                if attribute in per_product:
-                    raise ValueError(f"{fragment.path}: duplicate teacher value for product {product_id!r}, attribute {attribute!r}")
-                per_product[attribute] = value
-                if sure is not None and sure[i] is not None:
-                    confidence.setdefault(product_id, {})[attribute] = sure[i]
-                if flag:
-                    truncated.add(product_id)
-            rows += n_rows
-    return values, truncated, rows, confidence
-
-
 def load_teacher(sources: Sources, teacher: str, min_confidence: float | None = None) -> TrainingData:
     """Records joined with a teacher's ``hpd extract`` output (see module doc). With
     ``min_confidence``, a value the teacher gave a lower confidence (or none: the text check's nulls)
     is fed but is not a target (``Labeled.scored``): training on a catalog's own confident values
     without labelling it."""
     schema = load_schema(str(sources.attributes))
-    accepted, stats, ids = accepted_records(sources.records, schema)
-    predicted, truncated, stats["teacher_rows"], confidence = read_teacher(teacher)
-    if min_confidence is not None and confidence is None:
-        raise ValueError(f"--min-confidence {min_confidence}: the teacher output {teacher} has no confidence column; "
-                         "extract it with `hpd extract --confidence`")
+    accepted, stats, _ = accepted_records(sources.records, schema)
+    # of the teacher output only the records' products are held: it may be a whole catalog's run
+    teacher_output = read_predictions(teacher, only={item.product.product_id for item in accepted})
+    predicted, truncated, confidence = teacher_output.values, teacher_output.truncated_products, teacher_output.confidence
+    stats["teacher_rows"] = teacher_output.rows
+    if min_confidence is not None and not confidence:
+        raise ValueError(f"--min-confidence {min_confidence}: the teacher output {teacher} has no confidence for these "
+                         "records' values (no confidence column); extract it with `hpd extract --confidence`")
     at_least = None if min_confidence is None else stored_threshold(min_confidence)
-    if strays := len(predicted.keys() - ids):  # their values are not trained on: counted, as gold_not_in_records
-        stats["teacher_not_in_records"] = strays
     skipped: Counter[str] = Counter()
     missing_values = unscored = 0
     products = []

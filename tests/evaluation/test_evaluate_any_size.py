@@ -84,16 +84,17 @@ def _restricted(whole, only) -> dict:
     return {"values": {p: v for p, v in whole.values.items() if p in only},
             "categories": {p: c for p, c in whole.categories.items() if p in only},
             "confidence": {p: c for p, c in whole.confidence.items() if p in only},
+            "truncated_products": {p for p in whole.truncated_products if p in only},
             "counts": (whole.rows, whole.files, whole.truncated, whole.products, whole.least_id), "attributes": whole.attributes}
 
 
 def _fields(some) -> dict:
     return {"values": some.values, "categories": some.categories, "confidence": some.confidence,
-            "counts": (some.rows, some.files, some.truncated, some.products, some.least_id), "attributes": some.attributes}
+            "truncated_products": some.truncated_products, "counts": (some.rows, some.files, some.truncated, some.products, some.least_id), "attributes": some.attributes}
 
 
 def test_reading_some_products_agrees_with_the_whole_fold(tmp_path: Path):
-    """The values, categories and confidences of the products asked for, and the whole output's
+    """The values, categories, confidences and truncation of the products asked for, and the whole output's
     rows, files, truncated rows, products, least id and attribute names per category: on the
     hand-written output (a category column, an escaped folder, a file of no category, hidden files)
     and on a generated one in the job's layout."""
@@ -109,6 +110,7 @@ def test_reading_some_products_agrees_with_the_whole_fold(tmp_path: Path):
         whole = read_predictions(str(uri))
         assert uri.name == "g" or (whole.categories["lossy-1"] == BATH and "Size" in whole.attributes[BATH])
         assert whole.products == len(whole.values) > 4 and whole.truncated > 0 and whole.confidence
+        assert whole.truncated_products and whole.truncated_products <= set(whole.values)
         many = set(whole.values) | {f"absent-{i}" for i in range(5000)}  # far more ids than a file's rows: looked up
         for only in (set(), set(ids[:1]), set(ids), set(whole.values), {"not-there"}, many):
             assert _fields(read_predictions(str(uri), only=only)) == _restricted(whole, only), (uri, len(only))

@@ -168,14 +168,14 @@ def test_teacher_values_below_a_confidence_are_no_targets(data_dir, tmp_path):
     plain = gold.load_teacher(sources, run)
     assert all(p.scored is None for p in plain.products) and "teacher_values_below_confidence" not in plain.stats
     assert gold.digest(plain) != gold.digest(data)  # a resume with another floor trains on other targets
-    with pytest.raises(ValueError, match="has no confidence column; extract it with `hpd extract --confidence`"):
+    with pytest.raises(ValueError, match="has no confidence for these records' values .no confidence column.; extract it with `hpd extract --confidence`"):
         gold.load_teacher(sources, write_teacher(tmp_path / "bare", confidence=False), min_confidence=0.9)
 
 
 def test_a_teachers_floor_reads_confidences_as_stored_and_refuses_what_it_cannot_use(data_dir, tmp_path):
     """The float32 column stores 0.9 as 0.89999998: at --min-confidence 0.9 it is a target, as
     `hpd evaluate`'s 0.9 row keeps it. A floor no value reaches, and an attribute given twice, are
-    refused; products the records lack are counted."""
+    refused; of the products the records lack no value is held."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -195,11 +195,11 @@ def test_a_teachers_floor_reads_confidences_as_stored_and_refuses_what_it_cannot
             for pid in ("p0", "stray") for name in names]
     data = gold.load_teacher(sources, teacher(tmp_path / "at", rows), min_confidence=0.9)
     assert [p.scored for p in data.products] == [(True,) * len(names)]
-    assert data.stats["teacher_values_below_confidence"] == 0 and data.stats["teacher_not_in_records"] == 1
+    assert data.stats["teacher_values_below_confidence"] == 0 and data.stats["teacher_rows"] == 6
     with pytest.raises(ValueError, match="none of the teacher's 3 values .* has that confidence, so there is nothing to train on"):
         gold.load_teacher(sources, str(tmp_path / "at"), min_confidence=0.95)
     twice = rows[:1] + [{**rows[0], "value": None, "confidence": None}]
-    with pytest.raises(ValueError, match="duplicate teacher value for product 'p0', attribute 'Brand'"):
+    with pytest.raises(ValueError, match="duplicate prediction for product 'p0', attribute 'Brand'"):
         gold.load_teacher(sources, teacher(tmp_path / "twice", twice), min_confidence=0.9)
 
 
