@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--train", type=Path, required=True, help="hpd convert directory or records file (.jsonl/.parquet)")
     data.add_argument("--attributes", type=Path, help="attribute schema (default: attributes.json beside the records)")
     data.add_argument("--gold", type=Path, help="gold.jsonl (default: beside the records; not with --teacher)")
-    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://); replaces gold "
-                                        "(no OUT/validation/ is written: its products have no gold)")
+    data.add_argument("--teacher", help="distillation: output directory of `hpd extract` (local or s3://), of the "
+                                        "records' products or more (a whole catalog's: only the records' are read); "
+                                        "replaces gold (no OUT/validation/ is written: its products have no gold)")
     data.add_argument("--min-confidence", type=float, metavar="P",
                       help="with --teacher (an `hpd extract --confidence` output) and --decoder hpd: a teacher value "
                            "below this confidence is fed but is no target, so a catalog trains on its own sure values "
