@@ -263,7 +263,7 @@ def load_teacher(sources: Sources, teacher: str, min_confidence: float | None = 
     stats.update(skipped=dict(skipped), teacher_missing_values=missing_values)
     if min_confidence is not None:
         stats["teacher_values_below_confidence"] = unscored
-        if products and unscored == sum(len(p.values) for p in products):
+        if products and not any(any(p.scored) for p in products):
             raise ValueError(f"--min-confidence {min_confidence}: none of the teacher's {unscored} values in {teacher} for "
                              "these records has that confidence, so there is nothing to train on; lower it")
     return _finish(products, schema, stats)
