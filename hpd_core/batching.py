@@ -156,7 +156,8 @@ class BatchedDecoder:
                 results[i] = fail(i, why)[1]
             else:
                 fits.append(i)
-        plan = plan_sessions([costs[i][0] for i in fits], [costs[i][1] for i in fits], self.config.max_value_tokens)
+        plan = plan_sessions([costs[i][0] for i in fits], [costs[i][1] for i in fits], self.config.max_value_tokens,
+                             self.token_budget, self.config.max_batch_size)  # fmt: skip
         for batch in plan:
             for i, result in run_split_on_oom([fits[j] for j in batch], run, fail):
                 results[i] = result
@@ -181,16 +182,33 @@ def session_rows(prompt_lens: Sequence[int], slots: Sequence[int], max_value_tok
     return max(1, min(len(prompt_lens), max_rows, token_budget // cost))
 
 
-def plan_sessions(prompt_lens: Sequence[int], slots: Sequence[int], max_value_tokens: int) -> list[list[int]]:
-    """Indices grouped into sessions, most costly prompts first: a session holds prompts whose row
-    cost is at least half its first's, so that rows sized for its first waste at most half."""
+def plan_sessions(
+    prompt_lens: Sequence[int], slots: Sequence[int], max_value_tokens: int, token_budget: int, max_rows: int
+) -> list[list[int]]:
+    """Indices grouped into sessions, most costly prompts first. A prompt joins the session before
+    it when its row cost is at least half the session's first (rows sized for the first then
+    waste at most half), or when it adds no wave to that session: the session's rows
+    (``session_rows``' rule, sized for its longest prompt and most slots with it) times the
+    waves its prompts took without it still hold it. It then takes a row that would stand empty
+    in the session's last wave, instead of a session of its own whose prefill and every step are
+    forwards of their own (a category's short last prompt: GPU session 60's titles)."""
     costs = [row_cost(n, s, max_value_tokens) for n, s in zip(prompt_lens, slots)]
+
+    def rows(longest: int, most: int) -> int:  # a session's rows, however many prompts it has
+        return max(1, min(max_rows, token_budget // row_cost(longest, most, max_value_tokens)))
+
     sessions: list[list[int]] = []
+    longest = most = 0  # the last session's longest prompt and most slots
     for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
-        if sessions and 2 * costs[i] >= costs[sessions[-1][0]]:
-            sessions[-1].append(i)
-        else:
-            sessions.append([i])
+        if sessions:
+            size, n, s = len(sessions[-1]), max(longest, prompt_lens[i]), max(most, slots[i])
+            waves = -(-size // rows(longest, most))
+            if 2 * costs[i] >= costs[sessions[-1][0]] or size + 1 <= waves * rows(n, s):
+                sessions[-1].append(i)
+                longest, most = n, s
+                continue
+        sessions.append([i])
+        longest, most = prompt_lens[i], slots[i]
     return sessions
 
 
