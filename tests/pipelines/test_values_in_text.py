@@ -100,3 +100,38 @@ def test_the_report_counts_them_over_chunks():
     report = build_report(META, total, total, [attempt], attempt)
     assert report["values_not_in_text"] == 7
     assert "| values not in text |" in render_markdown(report) and "| 7 |" in render_markdown(report)
+
+
+def test_a_parse_errors_null_is_written_without_a_confidence():
+    """A slot whose text was not valid JSON comes out as null with the probability of that text:
+    no confidence of a null, so a teacher (``hpd finetune --min-confidence``) never takes it as a
+    sure one. The other values keep theirs."""
+    from hpd_core.config import DecodeConfig
+
+    class Scored(FixedAnswers):
+        def decode(self, requests):
+            results = []
+            for result in super().decode(requests):
+                values = tuple(tuple(Value(None, parse_error=True, confidence=0.97) if a.name == "Size"
+                                     else replace(v, confidence=0.93) for a, v in zip(result.request.attributes, product))
+                               for product in result.values)  # fmt: skip
+                results.append(replace(result, values=values))
+            return results
+
+        def layers_compiled(self) -> bool:
+            return False
+
+    from dataclasses import replace
+
+    extract = ExtractStage(ExtractConfig(decoder="hpd", schema=SCHEMA, run_id="r", decode=DecodeConfig(confidence=True)))
+    extract._decoder = Scored(ANSWERS)
+    result = run_chunk(extract, prepared(RECORDS))
+    rows = io.table_from_bytes(result["attributes"]).to_pylist()
+    assert len(rows) == 2 * len(ATTRIBUTES)
+    for row in rows:
+        if row["attribute"] == "Size" or (row["product_id"], row["attribute"]) in NOT_IN_TEXT:
+            assert row["confidence"] is None, row
+        else:
+            assert row["confidence"] == pytest.approx(0.93), row
+    assert json.loads(result["stats"])["parse_errors"] == 2
+    assert check(result) == []
