@@ -380,7 +380,7 @@ class ExtractStage:
                     if self.config.values_in_text and value.value is not None and not in_text(value.value, product):
                         stats.update(values_not_in_text=1)
                         value = replace(value, value=None, confidence=None)
-                    if value.parse_error:  # its confidence is that of text that was no value, not of null
+                    if value.parse_error and value.value is None:  # its confidence was that of text that was no value
                         value = replace(value, confidence=None)
                     stats.update(
                         attribute_rows=1,

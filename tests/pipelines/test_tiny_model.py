@@ -43,14 +43,18 @@ def test_hpd_equals_reference_through_the_job_on_a_tiny_model(ray_cluster, tmp_p
     assert len(outputs["hpd"]) > 6 and any(value is not None for value, _ in outputs["hpd"].values())
     keys = sorted(confidence["hpd"])
     assert keys == sorted(confidence["reference"])
-    assert [confidence["hpd"][k] for k in keys] == pytest.approx([confidence["reference"][k] for k in keys], rel=1e-4)
-    assert all(0 < c <= 1 for c in confidence["hpd"].values()) and len(set(confidence["hpd"].values())) > 1
+    scored = [k for k in keys if confidence["hpd"][k] is not None]  # none: a parse error's null, or the text check's
+    assert scored == [k for k in keys if confidence["reference"][k] is not None] and len(scored) > 6
+    assert [confidence["hpd"][k] for k in scored] == pytest.approx([confidence["reference"][k] for k in scored], rel=1e-4)
+    assert all(0 < confidence["hpd"][k] <= 1 for k in scored) and len({confidence["hpd"][k] for k in scored}) > 1
 
 
 def test_a_value_the_text_check_drops_loses_its_confidence(ray_cluster, tmp_path):
     """Without span decoding the random model writes values found in no text of their product: the
     text check writes them as null, and their confidence with them (a null value's confidence is
-    the model's for its own null answer, which it did not give)."""
+    the model's for its own null answer, which it did not give). Its other slots are mostly parse
+    errors, whose nulls have no confidence either (that every other value keeps its confidence:
+    the test above and tests/pipelines/test_values_in_text.py)."""
     model_dir = saved_tiny_model(tmp_path)
     out = tmp_path / "out"
     argv = extract_args(SAMPLE, out, "--model", model_dir, "--limit", 6, "--docs-per-prompt", 2, "--max-value-tokens", 6,
@@ -61,6 +65,7 @@ def test_a_value_the_text_check_drops_loses_its_confidence(ray_cluster, tmp_path
     done = report(str(out))
     dropped = done["values_not_in_text"]
     assert done["confidence"] is True  # the report says the files have the column
-    assert dropped > 0 and sum(1 for r in rows if r["confidence"] is None) == dropped
+    unscored = sum(1 for r in rows if r["confidence"] is None)  # the text check's nulls, and parse errors' nulls
+    assert dropped > 0 and dropped <= unscored <= dropped + done["parse_errors"]
     assert all(r["value"] is None for r in rows if r["confidence"] is None)
-    assert any(r["confidence"] is not None for r in rows)
+

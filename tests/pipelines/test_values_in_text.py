@@ -105,7 +105,7 @@ def test_the_report_counts_them_over_chunks():
 def test_a_parse_errors_null_is_written_without_a_confidence():
     """A slot whose text was not valid JSON comes out as null with the probability of that text:
     no confidence of a null, so a teacher (``hpd finetune --min-confidence``) never takes it as a
-    sure one. The other values keep theirs."""
+    sure one. A value cut at K_max (the partial string it wrote) and the others keep theirs."""
     from hpd_core.config import DecodeConfig
 
     class Scored(FixedAnswers):
@@ -113,8 +113,10 @@ def test_a_parse_errors_null_is_written_without_a_confidence():
             results = []
             for result in super().decode(requests):
                 values = tuple(tuple(Value(None, parse_error=True, confidence=0.97) if a.name == "Size"
-                                     else replace(v, confidence=0.93) for a, v in zip(result.request.attributes, product))
-                               for product in result.values)  # fmt: skip
+                                     else Value("Flor", truncated=True, parse_error=True, confidence=0.5)
+                                     if (p.product_id, a.name) == ("a", "Brand")
+                                     else replace(v, confidence=0.93) for a, v in zip(result.request.attributes, values))
+                               for p, values in zip(result.request.products, result.values))  # fmt: skip
                 results.append(replace(result, values=values))
             return results
 
@@ -131,7 +133,9 @@ def test_a_parse_errors_null_is_written_without_a_confidence():
     for row in rows:
         if row["attribute"] == "Size" or (row["product_id"], row["attribute"]) in NOT_IN_TEXT:
             assert row["confidence"] is None, row
+        elif (row["product_id"], row["attribute"]) == ("a", "Brand"):  # a value cut at K_max: the text it wrote
+            assert (row["value"], row["confidence"]) == ("Flor", 0.5), row
         else:
             assert row["confidence"] == pytest.approx(0.93), row
-    assert json.loads(result["stats"])["parse_errors"] == 2
+    assert json.loads(result["stats"])["parse_errors"] == 3
     assert check(result) == []
