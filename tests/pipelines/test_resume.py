@@ -31,6 +31,7 @@ def worker_pids(cluster) -> set[int]:
     return {process.pid for title in WORKER_TITLES for process in cluster.workers(title)}
 
 
+@pytest.mark.slow  # ~50 s, four drivers; the default run resumes after Ctrl-C and SIGTERM (tests/jobs/test_extract_cli.py)
 def test_driver_killed_at_any_point_resumes_exactly_once(ray_cluster, s3_server):
     bucket = s3_server.make_bucket("kill")
     records, valid = catalog(300)
