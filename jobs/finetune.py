@@ -291,14 +291,15 @@ def warn_about_data(stats: dict, sources) -> None:
             "%d of the %d target values are not in their product's text (e.g. %s): `hpd extract` writes "
             "such a value as null, so the model is taught values it may not give; write each value as the "
             "product's title, description or features write it (or add that spelling as another acceptable value)",
-            stats["targets_not_in_text"], stats["slots"] - stats["null_targets"], stats["target_not_in_text_example"],
+            stats["targets_not_in_text"], stats.get("targets", stats["slots"]) - stats["null_targets"],
+            stats["target_not_in_text_example"],
         )
     if stats.get("none_words"):
         logging.warning("%d target values are a word for none (%s): they are trained as those words; "
                         'none is written {"n/a": 1} (or the attribute left out)', stats["none_words"], stats["none_words_written"])
-    if stats["slots"] and stats["null_targets"] == stats["slots"]:
+    if stats["slots"] and stats["null_targets"] == stats.get("targets", stats["slots"]):
         logging.warning("every one of the %d target values is none (n/a or left out): the run teaches the model to "
-                        "find nothing; are these the labels meant?", stats["slots"])
+                        "find nothing; are these the labels meant?", stats["null_targets"])
     if rejected := stats.get("rejected"):
         logging.warning("%d of the %d records of %s are rejected, as extraction would reject them, and not trained on: %s",
                         sum(rejected.values()), stats["records"], sources.records,

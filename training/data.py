@@ -133,7 +133,8 @@ def count_not_in_text(products: list[Labeled], stats: dict) -> None:
     """Count the target values that are not in their product's text into ``stats`` (only when
     there are any, so the data of earlier runs reads the same), with the first as an example:
     extraction writes such a value as null, and span decoding cannot write it."""
-    missing = [(p, value) for p in products for value in p.values if value is not None and not in_text(value, p.product)]
+    missing = [(p, value) for p in products for value, scored in zip(p.values, p.scored or (True,) * len(p.values))
+               if scored and value is not None and not in_text(value, p.product)]  # fmt: skip
     if missing:
         product, value = missing[0]
         stats["targets_not_in_text"] = len(missing)
@@ -169,7 +170,10 @@ def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
         raise ValueError(f"no training products left after joining records and targets: {stats}")
     stats["products"] = len(products)
     stats["slots"] = sum(len(p.values) for p in products)
-    stats["null_targets"] = sum(v is None for p in products for v in p.values)
+    targets = [v for p in products for v, scored in zip(p.values, p.scored or (True,) * len(p.values)) if scored]
+    if any(p.scored is not None for p in products):  # a teacher's floor: the values fed but not learned are no targets
+        stats["targets"] = len(targets)
+    stats["null_targets"] = sum(v is None for v in targets)
     count_not_in_text(products, stats)
     count_none_words(products, stats)
     return TrainingData(products, dict(schema.categories), stats)

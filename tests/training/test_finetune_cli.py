@@ -136,15 +136,16 @@ def test_teacher_targets_from_extract_output(data_dir, tmp_path):
 
 def write_teacher(folder: Path, confidence: bool) -> str:
     """An `hpd extract` output for the first three TITLES products: value ``v<i><n>``; with
-    ``confidence``, 0.95 or 0.5 by turns, none for each product's third attribute."""
+    ``confidence``, 0.95 or 0.5 by turns, and each product's third value null with none (the text
+    check's null)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = []
     for i, (category, _, _) in enumerate(TITLES[:3]):
         for n, attribute in enumerate(ATTRIBUTES[category]):
-            row = {"product_id": f"p{i}", "category": category, "attribute": attribute, "value": f"v{i}{n}",
-                   "truncated": False}
+            row = {"product_id": f"p{i}", "category": category, "attribute": attribute,
+                   "value": None if confidence and n == 2 else f"v{i}{n}", "truncated": False}
             if confidence:
                 row["confidence"] = None if n == 2 else (0.95 if (i + n) % 2 == 0 else 0.5)
             rows.append(row)
@@ -162,11 +163,14 @@ def test_teacher_values_below_a_confidence_are_no_targets(data_dir, tmp_path):
     run = write_teacher(tmp_path / "run", confidence=True)
     data = gold.load_teacher(sources, run, min_confidence=0.9)
     by_id = {p.product.product_id: p for p in data.products}
-    assert by_id["p0"].values == ("v00", "v01", "v02") and by_id["p0"].scored == (True, False, False)
+    assert by_id["p0"].values == ("v00", "v01", None) and by_id["p0"].scored == (True, False, False)
     assert by_id["p1"].scored == (False, True, False) and by_id["p2"].scored == (True, False)
     assert data.stats["teacher_values_below_confidence"] == 5
+    # the nulls below the floor are fed, not learned: no null targets
+    assert (data.stats["slots"], data.stats["targets"], data.stats["null_targets"]) == (8, 3, 0)
     plain = gold.load_teacher(sources, run)
     assert all(p.scored is None for p in plain.products) and "teacher_values_below_confidence" not in plain.stats
+    assert "targets" not in plain.stats and plain.stats["null_targets"] == 2
     assert gold.digest(plain) != gold.digest(data)  # a resume with another floor trains on other targets
     with pytest.raises(ValueError, match="has no confidence for these records' values .no confidence column.; extract it with `hpd extract --confidence`"):
         gold.load_teacher(sources, write_teacher(tmp_path / "bare", confidence=False), min_confidence=0.9)
