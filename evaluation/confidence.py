@@ -7,7 +7,7 @@ needs and see what it costs in recall (a value set to null is a miss where the g
 no longer a wrong value). The column is float32, so each threshold is compared as a float32 (a
 value of 0.9 is kept at "at least 0.9"); a confidence that is not a number (NaN) counts as below
 every threshold but 0. Values without a confidence (in an output with the column, those the text
-check wrote as null) are never dropped; a table is made only when some value has one.
+check wrote as null and a parse error's nulls) are never dropped; a table is made only when some value has one.
 """
 
 from __future__ import annotations

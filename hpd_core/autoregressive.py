@@ -122,7 +122,7 @@ class AutoregressiveDecoder(BatchedDecoder):
 
     def cost(self, item: tuple[list[int], int]) -> tuple[int, int]:
         prompt, budget = item
-        return len(prompt), max(1, budget // self.config.max_value_tokens)
+        return len(prompt), max(1, -(-budget // self.config.max_value_tokens))  # rounded up: rows as ARSession sizes them or fewer
 
     def prompt(self, request: Request, ids: list[int]) -> Prompt:
         prefix = 0

@@ -187,25 +187,23 @@ def plan_sessions(
 ) -> list[list[int]]:
     """Indices grouped into sessions, most costly prompts first. A prompt joins the session before
     it when its row cost is at least half the session's first (rows sized for the first then
-    waste at most half), or when it adds no wave to that session: the session's rows
-    (``session_rows``' rule, sized for its longest prompt and most slots with it) times the
-    waves its prompts took without it still hold it. It then takes a row that would stand empty
-    in the session's last wave, instead of a session of its own whose prefill and every step are
-    forwards of their own (a category's short last prompt: GPU session 60's titles)."""
+    waste at most half), or when it fits the session's rows as they are (no longer prompt, no
+    more slots) and adds no wave: the session's rows (``session_rows``' rule) times the waves its
+    prompts took already hold it. It then takes a row that would stand empty in the session's
+    last wave, instead of a session of its own whose prefill and every step are forwards of their
+    own (a category's short last prompt: GPU session 60's titles), and the session's step shape
+    stays as it was."""
     costs = [row_cost(n, s, max_value_tokens) for n, s in zip(prompt_lens, slots)]
-
-    def rows(longest: int, most: int) -> int:  # a session's rows, however many prompts it has
-        return max(1, min(max_rows, token_budget // row_cost(longest, most, max_value_tokens)))
-
     sessions: list[list[int]] = []
     longest = most = 0  # the last session's longest prompt and most slots
     for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
         if sessions:
-            size, n, s = len(sessions[-1]), max(longest, prompt_lens[i]), max(most, slots[i])
-            waves = -(-size // rows(longest, most))
-            if 2 * costs[i] >= costs[sessions[-1][0]] or size + 1 <= waves * rows(n, s):
+            size = len(sessions[-1])
+            rows = max(1, min(max_rows, token_budget // row_cost(longest, most, max_value_tokens)))
+            fits = prompt_lens[i] <= longest and slots[i] <= most and size + 1 <= -(-size // rows) * rows
+            if 2 * costs[i] >= costs[sessions[-1][0]] or fits:
                 sessions[-1].append(i)
-                longest, most = n, s
+                longest, most = max(longest, prompt_lens[i]), max(most, slots[i])
                 continue
         sessions.append([i])
         longest, most = prompt_lens[i], slots[i]

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -129,12 +130,20 @@ def gold_value(target_scores: dict, attribute: str, product: Product | None = No
     return first
 
 
+def target_values(products: list[Labeled]) -> Iterator[tuple[Labeled, str | None]]:
+    """Each product's values the run learns: all of them, or with a teacher's floor the scored ones
+    (the others are fed, not learned: ``Labeled.scored``)."""
+    for product in products:
+        for value, scored in zip(product.values, product.scored or (True,) * len(product.values)):
+            if scored:
+                yield product, value
+
+
 def count_not_in_text(products: list[Labeled], stats: dict) -> None:
     """Count the target values that are not in their product's text into ``stats`` (only when
     there are any, so the data of earlier runs reads the same), with the first as an example:
     extraction writes such a value as null, and span decoding cannot write it."""
-    missing = [(p, value) for p in products for value, scored in zip(p.values, p.scored or (True,) * len(p.values))
-               if scored and value is not None and not in_text(value, p.product)]  # fmt: skip
+    missing = [(p, value) for p, value in target_values(products) if value is not None and not in_text(value, p.product)]
     if missing:
         product, value = missing[0]
         stats["targets_not_in_text"] = len(missing)
@@ -159,7 +168,7 @@ NONE_WORDS = ("n/a", "null", "none")  # any case: meant as none, but only "n/a" 
 def count_none_words(products: list[Labeled], stats: dict) -> None:
     """Count target values that are a word for none other than ``n/a`` itself (``N/A``, ``null``,
     ``None``): they are trained as those words. Into ``stats`` only when there are any."""
-    words = Counter(v for p in products for v in p.values if v is not None and v.casefold() in NONE_WORDS)
+    words = Counter(v for _, v in target_values(products) if v is not None and v.casefold() in NONE_WORDS)
     if words:
         stats["none_words"] = sum(words.values())
         stats["none_words_written"] = ", ".join(f"{word!r} {n}" for word, n in words.most_common())
@@ -170,7 +179,7 @@ def _finish(products: list[Labeled], schema, stats: dict) -> TrainingData:
         raise ValueError(f"no training products left after joining records and targets: {stats}")
     stats["products"] = len(products)
     stats["slots"] = sum(len(p.values) for p in products)
-    targets = [v for p in products for v, scored in zip(p.values, p.scored or (True,) * len(p.values)) if scored]
+    targets = [v for _, v in target_values(products)]
     if any(p.scored is not None for p in products):  # a teacher's floor: the values fed but not learned are no targets
         stats["targets"] = len(targets)
     stats["null_targets"] = sum(v is None for v in targets)
@@ -230,8 +239,8 @@ def uncorrected_draft(sources: Sources) -> Path | None:
 
 def load_teacher(sources: Sources, teacher: str, min_confidence: float | None = None) -> TrainingData:
     """Records joined with a teacher's ``hpd extract`` output (see module doc). With
-    ``min_confidence``, a value the teacher gave a lower confidence (or none: the text check's nulls)
-    is fed but is not a target (``Labeled.scored``): training on a catalog's own confident values
+    ``min_confidence``, a value the teacher gave a lower confidence (or none: the text check's nulls
+    and parse errors' nulls) is fed but is not a target (``Labeled.scored``): training on a catalog's own confident values
     without labelling it."""
     schema = load_schema(str(sources.attributes))
     accepted, stats, _ = accepted_records(sources.records, schema)

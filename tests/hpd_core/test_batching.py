@@ -1,7 +1,7 @@
 """Planning prompts into sessions (hpd_core/batching.plan_sessions): prompts of similar row cost
 share a session; a cheap prompt (a category's short last prompt) joins the session before it
-where it adds no wave to that session (a row of its last wave stands free), and decodes there as it
-does alone."""
+where it adds no wave to that session (a row of its last wave stands free) and fits its rows as
+they are, and decodes there as it does alone."""
 
 from __future__ import annotations
 
@@ -41,12 +41,13 @@ def test_a_cheap_prompt_joins_where_it_adds_no_wave():
     assert plan_sessions([100] + lens, [10] + slots, K, token_budget=400, max_rows=8) == [[0, 1, 2, 3], [4]]
 
 
-def test_one_wave_counts_the_longest_prompt_and_the_most_slots_of_different_prompts():
-    # the first prompt has the most slots (cost 20 + 10 x 18 = 200), the cheap one the longest
-    # prompt (cost 90): rows are then sized for 90 + 10 x 18 = 270 entries, so two rows need 540
-    lens, slots = [20, 90], [18, 0]
-    assert plan_sessions(lens, slots, K, token_budget=539, max_rows=8) == [[0], [1]]
-    assert plan_sessions(lens, slots, K, token_budget=540, max_rows=8) == [[0, 1]]
+def test_a_cheap_prompt_that_would_widen_the_rows_keeps_a_session_of_its_own():
+    # the first prompt has the most slots (cost 20 + 10 x 18 = 200), the cheap one a longer prompt
+    # (cost 90): with it, every row would hold 90 + 10 x 18 entries, however roomy the budget
+    assert plan_sessions([20, 90], [18, 0], K, token_budget=10_000, max_rows=8) == [[0], [1]]
+    # more slots: fixed steps would feed 60 slots in every row (helper-57's case, smaller)
+    lens, slots = [3000] * 4 + [400] * 4, [12] * 4 + [60] * 4  # costs 3,120 and 1,000
+    assert plan_sessions(lens, slots, K, token_budget=2_000_000, max_rows=64) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_sessions_keep_every_prompt_once_most_costly_first():
@@ -58,10 +59,11 @@ def test_sessions_keep_every_prompt_once_most_costly_first():
     costs = [row_cost(n, s, K) for n, s in zip(lens, slots)]
     order = [costs[i] for session in plan for i in session]
     assert order == sorted(order, reverse=True)
-    for session in plan:  # the cheap prompts (below half the first's cost) added no wave
+    for session in plan:  # the cheap prompts (below half the first's cost) added no wave and widened no row
         cheap = [j for j, i in enumerate(session) if 2 * costs[i] < costs[session[0]]]
         if cheap:
             big = session[: cheap[0]]
+            assert all(lens[i] <= max(lens[b] for b in big) and slots[i] <= max(slots[b] for b in big) for i in session[cheap[0]:])
             waves = [-(-len(part) // session_rows([lens[i] for i in part], [slots[i] for i in part], K, 20_000, 16))
                      for part in (big, session)]  # fmt: skip
             assert waves[1] <= waves[0]

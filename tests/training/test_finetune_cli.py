@@ -660,6 +660,25 @@ def test_resume_refuses_other_data_of_the_same_counts(data_dir, tmp_path, caplog
     assert "predates the data's digest: only the data's counts are checked" in caplog.text
 
 
+def test_resume_of_a_teacher_run_counted_before_session_60_passes_with_the_same_content(tmp_path):
+    """Session 60 counts null targets and targets not in text over the values above a teacher's
+    floor only (and adds ``targets``): a run.json counted the old way, of the same content (digest),
+    resumes; its other counts, or another content, are still refused."""
+    import argparse
+
+    from jobs.finetune import RUN_FILE, check_resume, run_identity
+
+    args = argparse.Namespace(train=tmp_path / "t", lr=1e-2)
+    old = {"products": 3, "slots": 8, "null_targets": 2, "targets_not_in_text": 6, "teacher_values_below_confidence": 5}
+    now = {"products": 3, "slots": 8, "targets": 3, "null_targets": 0, "teacher_values_below_confidence": 5}
+    (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(args, old, "d" * 64)))
+    check_resume(tmp_path, run_identity(args, now, "d" * 64))
+    with pytest.raises(ValueError, match="the data"):
+        check_resume(tmp_path, run_identity(args, {**now, "teacher_values_below_confidence": 4}, "d" * 64))
+    with pytest.raises(ValueError, match="the data"):
+        check_resume(tmp_path, run_identity(args, now, "e" * 64))
+
+
 def test_an_uncorrected_draft_is_warned_of_and_a_draft_alone_says_what_to_do(data_dir, tmp_path, capsys, caplog):
     """`hpd pick` writes gold-draft.jsonl, the model's values to correct: with only the draft, the
     missing-gold error says to correct it and save it as gold.jsonl; a gold.jsonl byte for byte the
