@@ -21,7 +21,9 @@ import torch
 from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
-from hpd_core.layout import encode, encode_prompt, shared_prefix_length
+from hpd_core.layout import (
+    encode, encode_many, encode_prompt, shared_prefix_length, shared_prefix_lengths, start_ids, with_start,
+)  # fmt: skip
 from hpd_core.prompts import CLOSE, JsonCursor, answer_prefix, parse_answer, render_prompt, shared_prefix_text, skeleton_segments, special_texts
 from hpd_core.runner import ModelRunner, body_parameters
 from hpd_core.session import Prompt, Session
@@ -111,14 +113,21 @@ class AutoregressiveDecoder(BatchedDecoder):
         """Span decoding: the rule for this request's answer, at the start of what the model writes."""
         return AnswerSpans(self.spans, [product_fields(p) for p in request.products])
 
+    def prompt_text(self, request: Request) -> str:
+        """The prompt, up to where the model writes: the instructions, the products, ``{\\n``."""
+        return render_prompt(request, self.tokenizer) + answer_prefix()
+
     def prompt_ids(self, request: Request) -> list[int]:
-        return encode_prompt(self.tokenizer, render_prompt(request, self.tokenizer) + answer_prefix())
+        return encode_prompt(self.tokenizer, self.prompt_text(request))
 
     def answer_budget(self, request: Request) -> int:
         """Most new tokens the answer can need: skeleton tokens plus K_max per value."""
         segments = skeleton_segments(request, specials=special_texts(self.tokenizer))
-        skeleton = sum(len(encode(self.tokenizer, s)) for s in segments)
-        return skeleton + request.num_slots * self.config.max_value_tokens + ANSWER_SLACK_TOKENS
+        return self.budget_for(request, sum(len(encode(self.tokenizer, s)) for s in segments))
+
+    def budget_for(self, request: Request, skeleton_tokens: int) -> int:
+        """``answer_budget`` of a request whose skeleton takes this many tokens."""
+        return skeleton_tokens + request.num_slots * self.config.max_value_tokens + ANSWER_SLACK_TOKENS
 
     def cost(self, item: tuple[list[int], int]) -> tuple[int, int]:
         prompt, budget = item
@@ -131,9 +140,32 @@ class AutoregressiveDecoder(BatchedDecoder):
             prefix = shared_prefix_length(self.tokenizer, text, ids, len(ids) - 1)
         return Prompt(tuple(ids), tuple(range(len(ids))), prefix, (len(ids) - 1,))
 
-    def prepare(self, requests: list[Request]) -> list[tuple[list[int], int]]:
-        """(prompt ids, answer budget) per request."""
-        return [(self.prompt_ids(r), self.answer_budget(r)) for r in requests]
+    def prompts(self, requests: list[Request], prompts: list[list[int]]) -> list[Prompt]:
+        """``prompt`` of each request, each category's shared prefix tokenized once."""
+        prefixes = [0] * len(requests)
+        if self.prefixes.capacity and requests:
+            texts = [shared_prefix_text(r, self.tokenizer, hpd=False) for r in requests]
+            prefixes = shared_prefix_lengths(self.tokenizer, texts, prompts, [len(ids) - 1 for ids in prompts])
+        return [Prompt(tuple(ids), tuple(range(len(ids))), n, (len(ids) - 1,)) for ids, n in zip(prompts, prefixes)]
+
+    def prepare(self, requests: list[Request], budgets: list[int] | None = None) -> list[tuple[list[int], int]]:
+        """(prompt ids, answer budget) per request, as ``prompt_ids`` and ``answer_budget`` give
+        them, every text of every request tokenized in one call (``layout.encode_many``);
+        ``budgets``: these budgets instead (exact lengths), the skeletons not tokenized."""
+        specials, texts, counts = special_texts(self.tokenizer), [], []
+        for request in requests:
+            segments = skeleton_segments(request, specials=specials) if budgets is None else []
+            texts += [self.prompt_text(request), *segments]
+            counts.append(1 + len(segments))
+        encoded = encode_many(self.tokenizer, texts)
+        start = start_ids(self.tokenizer) if requests else []
+        items, at = [], 0
+        for i, (request, n) in enumerate(zip(requests, counts)):
+            skeleton = sum(len(ids) for ids in encoded[at + 1 : at + n])
+            budget = budgets[i] if budgets is not None else self.budget_for(request, skeleton)
+            items.append((with_start(encoded[at], start), budget))
+            at += n
+        return items
 
     def decode(
         self, requests: list[Request], exact_new_tokens: list[int] | None = None, prepared: list | None = None
@@ -141,7 +173,7 @@ class AutoregressiveDecoder(BatchedDecoder):
         """``exact_new_tokens`` (benchmarks on random weights): generate exactly this many tokens
         per request, ignoring stop conditions. ``prepared``: ``prepare(requests)``, if done already."""
         if exact_new_tokens is not None:
-            items = [(self.prompt_ids(r), n) for r, n in zip(requests, exact_new_tokens)]
+            items = self.prepare(requests, budgets=exact_new_tokens)
         else:
             items = prepared if prepared is not None else self.prepare(requests)
         generator = make_generator(self.config, self.device)
@@ -187,7 +219,7 @@ class ARSession(Session):
         self.check_every = cfg.check_every if self.fixed else 1
         self.L, self.T = max(len(p) for p in prompts), max(budgets)
         rows = session_rows([len(p) for p in prompts], [1] * len(prompts), self.T, decoder.token_budget, cfg.max_batch_size)
-        specs = [decoder.prompt(r, p) for r, p in zip(requests, prompts)]
+        specs = decoder.prompts(requests, prompts)
         super().__init__(decoder.runner, decoder.prefixes, specs, rows, self.L + self.T + 1)
         self.generated: list[list[int]] = [[] for _ in requests]
         self.ends: list[tuple[int, bool] | None] = [None] * len(requests)  # (answer length, complete)

@@ -35,7 +35,9 @@ from hpd_core import attribute_groups
 from hpd_core.batching import BatchedDecoder, error_result, prefill_tokens, session_rows
 from hpd_core.config import DecodeConfig
 from hpd_core.kvcache import PrefixStore
-from hpd_core.layout import Layout, beyond_window, build_layout, require_token_boundary, shared_prefix_length
+from hpd_core.layout import (
+    Layout, beyond_window, build_layouts, require_token_boundary, shared_prefix_length, shared_prefix_lengths,
+)  # fmt: skip
 from hpd_core.prompts import parse_value, shared_prefix_text
 from hpd_core.runner import ModelRunner, body_parameters
 from hpd_core.sampling import make_generator, select
@@ -62,7 +64,7 @@ class HPDDecoder(BatchedDecoder):
 
     def prepare(self, requests: list[Request]) -> list[Layout]:
         cfg = self.config
-        return [build_layout(r, self.tokenizer, cfg.max_value_tokens, cfg.skeleton) for r in requests]
+        return build_layouts(requests, self.tokenizer, cfg.max_value_tokens, cfg.skeleton)
 
     layouts = prepare
 
@@ -100,6 +102,15 @@ class HPDDecoder(BatchedDecoder):
             text = shared_prefix_text(request, self.tokenizer, self.config.skeleton)
             prefix = shared_prefix_length(self.tokenizer, text, layout.input_ids, min(layout.anchor_index))
         return Prompt(layout.input_ids, layout.position_ids, prefix, layout.anchor_index)
+
+    def prompts(self, requests: list[Request], layouts: list[Layout]) -> list[Prompt]:
+        """``prompt`` of each request, each category's shared prefix tokenized once."""
+        prefixes = [0] * len(requests)
+        if self.prefixes.capacity and requests:
+            texts = [shared_prefix_text(r, self.tokenizer, self.config.skeleton) for r in requests]
+            ids = [lay.input_ids for lay in layouts]
+            prefixes = shared_prefix_lengths(self.tokenizer, texts, ids, [min(lay.anchor_index) for lay in layouts])
+        return [Prompt(lay.input_ids, lay.position_ids, n, lay.anchor_index) for lay, n in zip(layouts, prefixes)]
 
     @torch.inference_mode()
     def decode_batch(
@@ -144,7 +155,7 @@ class HPDSession(Session):
                             decoder.token_budget, cfg.max_batch_size)  # fmt: skip
         self.fixed = cfg.fixed_steps(dev, step_flops=2.0 * decoder.runner.body_parameters * rows * S)
         self.check_every = cfg.check_every if self.fixed else 1
-        prompts = [decoder.prompt(r, lay) for r, lay in zip(requests, layouts)]
+        prompts = decoder.prompts(requests, layouts)
         super().__init__(decoder.runner, decoder.prefixes, prompts, rows, self.L + (self.K - 1) * S + 1)
         pad, K = decoder.runner.pad_id, self.K
         full = lambda value, *shape, dtype=torch.long: torch.full((rows, *shape), value, dtype=dtype, device=dev)

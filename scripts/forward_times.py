@@ -6,12 +6,14 @@ Usage (the arguments are hpd bench's, plus --times-out DIR):
 
 For each decoder it writes OUT/forwards-NAME.txt: one line per forward of its last timed run (kind,
 tokens fed, cache rows read, milliseconds, milliseconds per token), then per kind the forwards,
-tokens and seconds, and the run's seconds outside the forwards (the host's work between them:
-span lookups, the LM head over allowed tokens, sampling, parsing, batch planning). Steps replayed
-from a CUDA graph are timed as the kind "step-graph", with the tokens and rows of the pass they
-repeat. On CUDA each forward is synchronised before and after, so its time is the device's and the
-host's work no longer overlaps the device's: the run is slower than a plain one, and the split is
-what to read.
+tokens and seconds, and the run's seconds outside them all (the host's work between them: span
+lookups, stop checks, parsing, batch planning). Two kinds that are not forwards are timed too:
+"head", each call of the LM head and the token choice after a forward (tokens: its hidden states;
+rows: 0), and "prepare", the decoder's tokenization of the run's requests before any forward
+(tokens: the requests). Steps replayed from a CUDA graph are timed as the kind "step-graph", with
+the tokens and rows of the pass they repeat (a replayed step's LM head is in it). On CUDA each
+of these is synchronised before and after, so its time is the device's and the host's work no
+longer overlaps the device's: the run is slower than a plain one, and the split is what to read.
 
 Measured on the 2-core AMD EPYC sandbox (session 43, the README's 96 titles, the default model,
 J = 6, one thread): HPD's 11.45 s were 2 shared prefixes (408 tokens) 0.31 s, 12 prefills (9,318
@@ -32,6 +34,8 @@ from typing import Iterator
 import torch
 
 import bench.compare
+import hpd_core.autoregressive
+import hpd_core.engine
 import hpd_core.graphs
 import hpd_core.runner
 from jobs.cli import main
@@ -62,6 +66,17 @@ def installed(out: Path) -> Iterator[None]:
             kind, tokens, rows = graph.captured_pass
             log.append((f"{kind}-graph", tokens, rows, synchronized(device) - start))
 
+    # the LM head (its methods share one depth: ``logits`` runs inside ``next_tokens``) and each
+    # decoder's own ``prepare`` (the bench's HPD decoder subclasses HPDDecoder)
+    head_depth = [0]
+    patched = [(hpd_core.runner.ModelRunner, name, head_depth, "head")
+               for name in ("next_tokens", "allowed_tokens", "logits")]  # fmt: skip
+    patched += [(cls, "prepare", [0], "prepare")
+                for cls in (hpd_core.engine.HPDDecoder, hpd_core.autoregressive.AutoregressiveDecoder)]  # fmt: skip
+    originals = [(cls, name, cls.__dict__[name]) for cls, name, _, _ in patched]
+    for (cls, name, depth, kind), (_, _, method) in zip(patched, originals):
+        setattr(cls, name, outermost_timed(kind, method, depth, log))
+
     plain = bench.compare.timed
 
     def timed(name, decoder, workload, device, counter, timing):
@@ -75,6 +90,29 @@ def installed(out: Path) -> Iterator[None]:
         yield
     finally:
         hpd_core.runner.ModelRunner.forward, hpd_core.graphs.StepGraph.__call__, bench.compare.timed = forward, replay, plain
+        for cls, name, method in originals:
+            setattr(cls, name, method)
+
+
+def outermost_timed(kind: str, method, depth: list[int], log: list):
+    """``method`` with each call logged as ``kind`` (tokens: the length of its first argument,
+    hidden states or requests; rows: 0), unless it runs inside another call sharing ``depth`` or
+    while a CUDA graph is being recorded."""
+
+    def wrapper(self, first, *args, **kwargs):
+        if depth[0] or capturing():
+            return method(self, first, *args, **kwargs)
+        device = self.device
+        depth[0] += 1
+        try:
+            start = synchronized(device)
+            result = method(self, first, *args, **kwargs)
+            log.append((kind, len(first), 0, synchronized(device) - start))
+            return result
+        finally:
+            depth[0] -= 1
+
+    return wrapper
 
 
 def capturing() -> bool:
@@ -101,7 +139,7 @@ def report(name: str, log: list[tuple[str, int, int, float]], seconds: float) ->
     lines.append("")
     for kind, (n, tokens, s) in sums.items():
         lines.append(f"{kind}: {n} forwards, {tokens} tokens, {s:.3f} s ({s / max(tokens, 1) * 1e3:.3f} ms a token)")
-    lines.append(f"outside the forwards: {seconds - sum(s for *_, s in log):.3f} s")
+    lines.append(f"outside these: {seconds - sum(s for *_, s in log):.3f} s")
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@
 #   bash scripts/gpu_session.sh [tests|long|titles|scale|jsweep|eager|cudnn|profile|forwards|compile|attention|all]
 #   (default all: tests, long, titles, scale; jsweep, eager, cudnn, profile, forwards, compile and attention only when named;
 #   forwards: scripts/forward_times.py, every forward of both decoders' timed run timed by kind (prefix, prefill,
-#   step) on PROFILE_WORKLOAD, into forwards-ar.txt and forwards-hpd.txt;
+#   step; and, not forwards, the LM head and the tokenization) on PROFILE_WORKLOAD, into forwards-ar.txt and forwards-hpd.txt;
 #   attention: scripts/gpu_attention_ab.py, the packed steps' masked attention against a split one, into log.txt;
 #   jsweep: the long workload at SCALE_PRODUCTS, the baseline once and HPD at J = SWEEP_DOCS (1,2,4), jsweep/sweep.md;
 #   compile: HPD's timed run on the long workload eager against torch.compile'd MLPs, norms, rotary,
@@ -144,7 +144,7 @@ if [[ $what == forwards ]]; then  # each forward of both decoders' timed run tim
   echo "== forwards ($PROFILE_WORKLOAD)" | tee -a "$LOG"
   limit $PY scripts/forward_times.py --times-out "$OUT" bench $(workload) "${shape[@]}" --repeats 1 \
     --out /tmp/hpd-forwards-bench $BENCH_ARGS 2>&1 | tee -a "$LOG" || status=1
-  tail -n 5 "$OUT"/forwards-*.txt >> "$LOG" 2>/dev/null || true
+  tail -n 7 "$OUT"/forwards-*.txt >> "$LOG" 2>/dev/null || true
 fi
 if [[ $what == profile ]]; then  # where HPD's time goes on the long workload (PROFILE_WORKLOAD=titles: the titles)
   echo "== profile ($PROFILE_WORKLOAD)" | tee -a "$LOG"

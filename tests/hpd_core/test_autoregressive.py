@@ -209,8 +209,8 @@ class InsideAValue:
     def seeded(self, request):
         return f'\n  "1": {{\n    "{request.attributes[0].name}":'
 
-    def prompt_ids(self, request):
-        return super().prompt_ids(request) + encode(self.tokenizer, self.seeded(request))
+    def prompt_text(self, request):
+        return super().prompt_text(request) + self.seeded(request)
 
     def answer_spans(self, request):
         answer = super().answer_spans(request)

@@ -256,3 +256,59 @@ def test_a_slot_beyond_the_window_sees_none_of_its_products_text(tokenizer, seed
     assert beyond_window(layout, window) == blind
     assert beyond_window(layout, None) == 0
     assert layout.last_position == max(layout.anchor_pos) + k_max
+
+
+def _requests(seed: int, n: int) -> list:
+    rng = random.Random(seed)
+    return [random_request(rng, rng.randint(1, 6), rng.randint(1, 5)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_a_batch_is_tokenized_as_each_request_alone(tokenizer, models, bos):
+    """The decoders' batched preparation (one tokenizer call for every text of every request) gives
+    what tokenizing each text alone gives: the layouts, the baseline's prompts and budgets, and
+    the shared prefixes' lengths, with and without a tokenizer that starts sequences with a BOS."""
+    from hpd_core.autoregressive import AutoregressiveDecoder
+    from hpd_core.config import DecodeConfig
+    from hpd_core.engine import HPDDecoder
+    from hpd_core.layout import build_layouts, encode_many
+
+    tok = _with_bos(tokenizer)[0] if bos else tokenizer
+    requests = _requests(7, 12)
+    texts = [render_prompt(r, tok) for r in requests] + ["", "ü café \"x\" <eos> <pad>", "a"]
+    assert encode_many(tok, texts) == [encode(tok, t) for t in texts]
+    assert encode_many(tok, []) == [] and build_layouts([], tok, 4) == []
+    for skeleton in SKELETONS:
+        assert build_layouts(requests, tok, 7, skeleton) == [build_layout(r, tok, 7, skeleton) for r in requests]
+    for config in (DecodeConfig(max_value_tokens=7), DecodeConfig(max_value_tokens=7, skeleton="interleaved")):
+        hpd = HPDDecoder(models["llama"], tok, config)
+        layouts = hpd.prepare(requests)
+        assert hpd.prompts(requests, layouts) == [hpd.prompt(r, lay) for r, lay in zip(requests, layouts)]
+        assert any(p.prefix for p in hpd.prompts(requests, layouts))
+    ar = AutoregressiveDecoder(models["llama"], tok, DecodeConfig(max_value_tokens=7))
+    items = ar.prepare(requests)
+    assert items == [(ar.prompt_ids(r), ar.answer_budget(r)) for r in requests]
+    assert ar.prepare(requests, budgets=list(range(12))) == [(ids, n) for n, (ids, _) in enumerate(items)]
+    prompts = [ids for ids, _ in items]
+    assert ar.prompts(requests, prompts) == [ar.prompt(r, ids) for r, ids in zip(requests, prompts)]
+    assert any(p.prefix for p in ar.prompts(requests, prompts))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_each_shipped_tokenizer_tokenizes_a_batch_as_each_text_alone(name):
+    """``encode_many`` and ``build_layouts`` against one call per text with the real tokenizers
+    (Gemma's adds a BOS; both have special tokens a product text might contain)."""
+    from transformers import AutoTokenizer
+
+    from hpd_core.config import ModelConfig
+    from hpd_core.layout import build_layouts, encode_many
+    from hpd_core.models import prepare_tokenizer, resolve_model_dir
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(ModelConfig(name=name)))
+    prepare_tokenizer(tok)
+    requests = _requests(8, 20)
+    texts = [render_prompt(r, tok) for r in requests] + ["", "<bos> <eos> <|im_end|> 日本語 🙂", "  two  spaces "]
+    assert encode_many(tok, texts) == [encode(tok, t) for t in texts]
+    for skeleton in SKELETONS:
+        assert build_layouts(requests, tok, 30, skeleton) == [build_layout(r, tok, 30, skeleton) for r in requests]
