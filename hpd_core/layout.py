@@ -64,9 +64,9 @@ def encode(tokenizer, text: str) -> list[int]:
 def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
     """``encode`` of each text, in one call: a fast tokenizer encodes the whole list in Rust, on
     several threads, without the Python cost of a call per text; the same ids
-    (tests/hpd_core/test_layout_masks.py). HPD's layouts of 512 synthetic products took half the
-    time this way on the 2-core sandbox (titles at J = 6: 0.21 s against 0.11 s; 500-token
-    products at J = 4: 1.4x), the same with both shipped tokenizers; a GPU host's cores do more."""
+    (tests/hpd_core/test_layout_masks.py). On the 2-core sandbox it took 2.2-2.4x less time
+    for HPD's layouts and the baseline's prompts of 512 synthetic products, titles and 500-token
+    products, with either shipped tokenizer (scripts/tokenize_ab.py); a GPU host has more cores."""
     return tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
 
 
