@@ -187,12 +187,18 @@ class HPDSession(Session):
         anchor_pos = torch.zeros((len(rows), S), dtype=torch.long)
         limit = torch.full((len(rows), S), K, dtype=torch.long)
         force = torch.full((len(rows), S, K), pad, dtype=torch.long) if self.force is not None else None
-        for i, item in enumerate(items):
+        started, slot_row, slot_index, anchors = [], [], [], []  # every started slot, flat
+        for i, (row, item) in enumerate(zip(rows, items)):
             lay = self.layouts[item]
-            anchor_pos[i, : lay.num_slots] = torch.tensor(lay.anchor_pos)
-            for slot, gold in enumerate(self.forced[item] if force is not None else ()):
-                force[i, slot, : len(gold)] = torch.tensor(gold)
-                limit[i, slot] = len(gold)
+            started += [i] * lay.num_slots
+            slot_row += [row] * lay.num_slots
+            slot_index += range(lay.num_slots)
+            anchors += lay.anchor_pos
+        anchor_pos[started, slot_index] = torch.tensor(anchors, dtype=torch.long)
+        if force is not None:  # the forced values, each padded to K, in one table
+            golds = [gold for item in items for gold in self.forced[item]]
+            force[started, slot_index] = torch.tensor([list(g) + [pad] * (K - len(g)) for g in golds], dtype=torch.long)
+            limit[started, slot_index] = torch.tensor([len(g) for g in golds], dtype=torch.long)
         rows_t = torch.tensor(rows, device=dev)
         self.anchor_pos[rows_t] = anchor_pos.to(dev)
         self.limit[rows_t] = limit.to(dev)
@@ -208,8 +214,7 @@ class HPDSession(Session):
                 request = self.requests[item]
                 texts = [self.decoder.spans.product(product_fields(p)) for p in request.products]
                 self.span_slots[row] = [texts[slot // lay.num_attributes].slot() for slot in range(s)]
-        r = torch.tensor([row for row, item in zip(rows, items) for _ in range(self.layouts[item].num_slots)], device=dev)
-        s = torch.cat([torch.arange(self.layouts[item].num_slots, device=dev) for item in items])
+        r, s = torch.tensor([slot_row, slot_index], dtype=torch.long, device=dev).unbind(0)
         k = torch.zeros_like(r)
         if self.logprob is not None:
             self.logprob[rows_t] = 0.0
