@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import re
+import socket
 import tempfile
 import time
 import uuid
@@ -282,14 +283,17 @@ def writing(uri: str) -> Iterator[str]:
     (``.tmp-<name>-<hex>``, which readers pass over), flushed to disk and renamed into place, as
     ``write_bytes`` does; on S3 a temporary file in the local temporary folder (``TMPDIR``), uploaded by
     ``put_file``. An error in the block (or an interrupt) leaves nothing at ``uri`` and removes the
-    temporary file (a killed process leaves it)."""
+    temporary file; a killed process leaves it: locally the next compaction removes it
+    (``compact_journal``), in ``TMPDIR`` the next process of this host that writes to S3 here
+    (``sweep_temporaries``)."""
     local = _s3_key(uri) is None
     if local:
         directory, name = os.path.split(path := filesystem(uri)[1])
         os.makedirs(directory, exist_ok=True)
         temporary = os.path.join(directory, f"{TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
     else:
-        handle, temporary = tempfile.mkstemp(prefix=".hpd-", suffix=f"-{uri.rsplit('/', 1)[-1]}")
+        sweep_temporaries()
+        handle, temporary = tempfile.mkstemp(prefix=_temporary_prefix(os.getpid()), suffix=f"-{uri.rsplit('/', 1)[-1]}")
         os.close(handle)
     try:
         yield temporary
@@ -303,6 +307,49 @@ def writing(uri: str) -> Iterator[str]:
     finally:
         if os.path.lexists(temporary):
             os.unlink(temporary)
+
+
+def _temporary_prefix(pid: int) -> str:
+    """The name ``writing``'s files in ``TMPDIR`` start with: this host's and the writer's process's,
+    so a later process can tell the files of one that is gone (``sweep_temporaries``)."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+    return f".hpd-{host}-{pid}-"
+
+
+_swept: set[str] = set()  # the temporary folders this process has swept
+
+
+def sweep_temporaries() -> list[str]:
+    """Remove, once per process and temporary folder, the files ``writing`` left in ``TMPDIR`` for
+    S3 uploads when their process was killed (a compaction's files are up to its target size): those
+    of this host whose process no longer runs. A file of a process of another host (a shared
+    folder) or one that runs, or whose number is taken by another process now, stays. Returns the
+    paths removed."""
+    folder = tempfile.gettempdir()
+    if folder in _swept:
+        return []
+    _swept.add(folder)
+    pattern = re.compile(re.escape(_temporary_prefix(0)[: -len("0-")]) + r"(\d+)-")
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = pattern.match(entry.name)
+            if match and int(match[1]) != os.getpid() and not _running(int(match[1])) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+                    os.unlink(entry.path)
+                    removed.append(entry.path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of this number runs on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def delete_files(uris: list[str]) -> None:

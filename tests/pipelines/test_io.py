@@ -1,6 +1,9 @@
 import gzip
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import pyarrow as pa
@@ -583,3 +586,29 @@ def test_exist_asks_for_several_files_at_once_locally_and_on_s3(tmp_path, s3_ser
         assert io.exist([io.join(root, "a.json"), io.join(root, "b.json"), io.join(root, "a.json")]) == [True, False, True]
         assert io.exist([]) == []
         assert [io.exists(io.join(root, n)) for n in ("a.json", "b.json")] == [True, False]
+
+
+def test_temporary_files_of_killed_writers_are_swept_on_the_next_s3_write(tmp_path, s3_server, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own TMPDIR, not yet swept
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = {
+            "killed": tmp_path / f"{io._temporary_prefix(gone.pid)}abc-big.parquet",  # its process is gone
+            "running": tmp_path / f"{io._temporary_prefix(alive.pid)}def-big.parquet",  # still at work
+            "other host": tmp_path / f".hpd-elsewhere-{gone.pid}-ghi-big.parquet",  # a shared folder's
+            "not ours": tmp_path / f".hpd-{gone.pid}-jkl.parquet",
+        }
+        for path in left.values():
+            path.write_bytes(b"x" * 100)
+        target = f"s3://{s3_server.make_bucket('sweep')}/a/new.parquet"
+        with io.writing(target) as local:
+            assert os.path.basename(local).startswith(io._temporary_prefix(os.getpid()))
+            pq.write_table(pa.table({"a": [1]}), local)
+        assert io.list_files(target.rsplit("/", 2)[0]) == [target]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(left[k].name for k in ("running", "other host", "not ours"))
+        assert io.sweep_temporaries() == []  # once per process and folder
+    finally:
+        alive.kill()
+        alive.wait()
