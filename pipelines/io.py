@@ -310,10 +310,22 @@ def writing(uri: str) -> Iterator[str]:
 
 
 def _temporary_prefix(pid: int) -> str:
-    """The name ``writing``'s files in ``TMPDIR`` start with: this host's and the writer's process's,
-    so a later process can tell the files of one that is gone (``sweep_temporaries``)."""
+    """The name ``writing``'s files in ``TMPDIR`` start with: this host's, its process-number space's
+    (containers on one host that share a folder may share a host name, never that space) and the
+    writer's process's, so a later process can tell the files of one that is gone
+    (``sweep_temporaries``)."""
     host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
-    return f".hpd-{host}-{pid}-"
+    return f".hpd-{host}-{_pid_space()}-{pid}-"
+
+
+@functools.cache
+def _pid_space() -> int:
+    """The identity of this process's PID namespace (Linux: the inode of ``/proc/self/ns/pid``; 0
+    where there is none to read)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 _swept: set[str] = set()  # the temporary folders this process has swept
@@ -322,9 +334,9 @@ _swept: set[str] = set()  # the temporary folders this process has swept
 def sweep_temporaries() -> list[str]:
     """Remove, once per process and temporary folder, the files ``writing`` left in ``TMPDIR`` for
     S3 uploads when their process was killed (a compaction's files are up to its target size): those
-    of this host whose process no longer runs. A file of a process of another host (a shared
-    folder) or one that runs, or whose number is taken by another process now, stays. Returns the
-    paths removed."""
+    of this host and PID namespace whose process no longer runs. A file of another host or
+    namespace (a shared folder), of a process that runs, or of one whose number another process
+    has taken since, stays. Returns the paths removed."""
     folder = tempfile.gettempdir()
     if folder in _swept:
         return []

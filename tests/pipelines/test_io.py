@@ -597,7 +597,8 @@ def test_temporary_files_of_killed_writers_are_swept_on_the_next_s3_write(tmp_pa
         left = {
             "killed": tmp_path / f"{io._temporary_prefix(gone.pid)}abc-big.parquet",  # its process is gone
             "running": tmp_path / f"{io._temporary_prefix(alive.pid)}def-big.parquet",  # still at work
-            "other host": tmp_path / f".hpd-elsewhere-{gone.pid}-ghi-big.parquet",  # a shared folder's
+            "other host": tmp_path / f".hpd-elsewhere-{io._pid_space()}-{gone.pid}-ghi-big.parquet",  # a shared folder's
+            "other container": tmp_path / f"{io._temporary_prefix(gone.pid).replace(f'-{io._pid_space()}-', '-1-')}mno-big.parquet",
             "not ours": tmp_path / f".hpd-{gone.pid}-jkl.parquet",
         }
         for path in left.values():
@@ -607,7 +608,7 @@ def test_temporary_files_of_killed_writers_are_swept_on_the_next_s3_write(tmp_pa
             assert os.path.basename(local).startswith(io._temporary_prefix(os.getpid()))
             pq.write_table(pa.table({"a": [1]}), local)
         assert io.list_files(target.rsplit("/", 2)[0]) == [target]
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(left[k].name for k in ("running", "other host", "not ours"))
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(left[k].name for k in ("running", "other host", "other container", "not ours"))
         assert io.sweep_temporaries() == []  # once per process and folder
     finally:
         alive.kill()
