@@ -4,16 +4,11 @@ PyTorch's CPU flash kernel for both parts."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_attention_ab.py"
-spec = importlib.util.spec_from_file_location("gpu_attention_ab", SCRIPT)
-attention_ab = sys.modules["gpu_attention_ab"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(attention_ab)
+from tests.scripts import load_script
+
+attention_ab = load_script("gpu_attention_ab")
 
 
 @pytest.mark.parametrize("shape", [[], ["--rows", "2", "--queries", "5", "--prompt", "17", "--rest", "9", "--density", "0.5"]])

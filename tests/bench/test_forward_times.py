@@ -4,10 +4,7 @@ afterwards."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import bench.compare
 import hpd_core.autoregressive
@@ -16,11 +13,9 @@ import hpd_core.graphs
 import hpd_core.runner
 from jobs import cli
 from tests.bench.test_bench import SMALL, tokenizer, tokenizer_dir  # noqa: F401 (fixtures)
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "forward_times.py"
-spec = importlib.util.spec_from_file_location("forward_times", SCRIPT)
-forward_times = sys.modules["forward_times"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(forward_times)
+forward_times = load_script("forward_times")
 
 
 def test_every_forward_of_the_timed_run_is_reported(capsys, tmp_path, tokenizer_dir):  # noqa: F811

@@ -3,20 +3,15 @@ the larger of compute and memory time, step by step."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from bench.model import RANDOM_ARCHS
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "roofline.py"
-spec = importlib.util.spec_from_file_location("roofline", SCRIPT)
-roofline = sys.modules["roofline"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-spec.loader.exec_module(roofline)
+roofline = load_script("roofline")
 
 
 def test_counted_weights_are_the_linear_layers_of_the_architecture():

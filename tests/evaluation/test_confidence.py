@@ -15,6 +15,7 @@ from datafiles.dataset import read_gold
 from datafiles.predictions import read_columns, read_predictions
 from evaluation.confidence import by_confidence, kept
 from jobs.cli import main
+from tests.scripts import load_script
 
 from .test_evaluate import SCHEMA, _rows, gold_dir, write_predictions  # noqa: F401 (gold_dir: a fixture)
 
@@ -91,11 +92,7 @@ def test_show_values_prints_the_first_products_with_their_confidences(tmp_path: 
     """scripts/show_values.py (the quickstart's last lines): titles from the input, values and
     confidences from the output, reading no more files than it needs; a clear line, exit 1, for a
     folder without values."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("show_values", Path(__file__).resolve().parents[2] / "scripts" / "show_values.py")
-    show = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(show)
+    show = load_script("show_values")
     out = tmp_path / "job-output"
     write_predictions(fs.LocalFileSystem(), str(out))
     add_confidence(out)

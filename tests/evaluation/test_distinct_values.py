@@ -3,19 +3,14 @@ rule keeps of it, checked by hand."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 from datafiles.dataset import GoldExample
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "distinct_values.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("distinct_values", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("distinct_values")
 
 
 VALUES = {

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from pyarrow import fs
 
+from tests.scripts import load_script
+
 from .test_evaluate import BATH, gold_dir, write_predictions  # noqa: F401 (gold_dir: a fixture)
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "error_kinds.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("error_kinds", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("error_kinds")
 
 
 def test_kind_of_each_wrong_value(tmp_path: Path, gold_dir: Path):

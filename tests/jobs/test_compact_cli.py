@@ -4,21 +4,18 @@ its products, `hpd evaluate`, `hpd pick`, `hpd rejected` and scripts/show_values
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 from jobs import cli
 from pipelines import compact, io
-from tests.pipelines.helpers import REPO, extract_args, jsonl, report, run_extract
+from tests.pipelines.helpers import extract_args, jsonl, report, run_extract
+from tests.scripts import load_script
 
 CATEGORIES = {f"C{i:02d}": {"Brand": "the maker", "Color": "its colour"} for i in range(8)}
 
 
 def show_values():
-    spec = importlib.util.spec_from_file_location("show_values", REPO / "scripts" / "show_values.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("show_values")
 
 
 def last_json(capsys) -> tuple[dict, str]:

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.scripts import load_script
+
 from .helpers import REPO
 
 MAX_MEMORY_GROWTH = 1.3  # peak at 10x the rows, over the peak at 1x
@@ -35,12 +37,7 @@ def test_memory_stays_flat_and_throughput_holds_at_10x_rows(tmp_path):
 
 
 def _pipeline_scale():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pipeline_scale", REPO / "scripts" / "pipeline_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("pipeline_scale")
 
 
 def test_growth_splits_heap_from_shared_memory_over_the_second_half():
