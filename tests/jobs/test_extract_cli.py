@@ -456,6 +456,8 @@ def test_an_output_left_with_only_attempt_records_is_cleared_and_run(ray_cluster
 
 
 def test_a_failed_run_leaves_nothing_and_the_corrected_command_runs(ray_cluster, tmp_path, capsys):
+    import ray
+
     source = tmp_path / "in.jsonl"
     records = [{"product_id": f"t{i}", "category": "Tea", "title": f"tea {i}"} for i in range(6)]
     source.write_bytes(jsonl(records))
@@ -465,6 +467,11 @@ def test_a_failed_run_leaves_nothing_and_the_corrected_command_runs(ray_cluster,
     (line,) = [line for line in error_lines(capsys) if "hpd extract" in line]
     assert line.startswith("hpd extract: failed: RuntimeError: every one of 3 prompts failed")
     assert list(output.iterdir()) == []  # no _job.json: nothing of the failed run is left
+    # nor its actor pool: its CPUs come back at once (they waited for the cyclic collector: 10-15 s)
+    deadline = time.monotonic() + 5
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
     assert run_extract(extract_args(source, output, "--docs-per-prompt", 2)) == 0  # no --overwrite needed
     assert report(str(output))["products_out"] == 6
 
