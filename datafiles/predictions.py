@@ -66,10 +66,25 @@ def attribute_files(uri: str, what: str = "predictions") -> list:
     try:
         fragments = list(ds.dataset(root, filesystem=filesystem, format="parquet", partitioning=None).get_fragments())
     except FileNotFoundError as err:
-        raise ValueError(f"no {what} at {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`") from err
+        raise ValueError(_no_values(filesystem, base, uri, what)) from err
     if not fragments:
-        raise ValueError(f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`")
+        raise ValueError(_no_values(filesystem, base, uri, what))
     return fragments
+
+
+def _no_values(filesystem, base: str, uri, what: str) -> str:
+    """Why ``uri`` holds no values to read: it does not exist, it is a job that wrote none, or it is
+    not an output of `hpd extract`."""
+    from pyarrow import fs
+
+    if filesystem.get_file_info(base).type == fs.FileType.NotFound:
+        return f"{uri} does not exist: pass the output directory of `hpd extract`"
+    if filesystem.get_file_info(f"{base}/_job.json").type == fs.FileType.File:
+        return (f"the job in {uri} wrote no values (no Parquet files under {PREDICTIONS_DIR}/): every row was rejected, "
+                "it had none, or it has not committed any yet; its _report.md (and `hpd rejected`) say which")
+    if filesystem.get_file_info(f"{base}/{PREDICTIONS_DIR}").type == fs.FileType.Directory:
+        return f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`"
+    return f"no {what} at {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`"
 
 
 def _check_not_compacting(filesystem, base: str, uri) -> None:
@@ -262,7 +277,7 @@ def attribute_paths(uri: str, what: str = "predictions"):
     try:
         entries = filesystem.get_file_info(fs.FileSelector(root, allow_not_found=False))
     except FileNotFoundError as err:
-        raise ValueError(f"no {what} at {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`") from err
+        raise ValueError(_no_values(filesystem, base, uri, what)) from err
 
     def visible(path: str) -> bool:
         return not any(part.startswith(HIDDEN_PREFIXES) for part in path[len(root):].split("/") if part)
@@ -280,7 +295,7 @@ def attribute_paths(uri: str, what: str = "predictions"):
                 found = True
                 yield file
         if not found:
-            raise ValueError(f"no Parquet files under {uri}/{PREDICTIONS_DIR}/: pass the output directory of `hpd extract`")
+            raise ValueError(_no_values(filesystem, base, uri, what))
 
     return filesystem, paths()
 

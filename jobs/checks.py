@@ -48,6 +48,8 @@ class Preflight:
     # the output holds what a stopped deletion left: only attempt records (``existing_run`` None,
     # commit.leftovers_only), or an unfinished job of packed files (commit.deletion_stopped)
     leftovers: bool = False
+    unsupported: tuple[str, ...] = ()  # files of no type the reader reads, beside data files: a rejected row each
+    nothing_to_skip: bool = False  # --skip-existing names a prefix that holds no earlier output
 
 
 def hub_cache() -> Path:
@@ -191,6 +193,7 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     """Run every check; write nothing. ``args.overwrite`` allows replacing an earlier job."""
     plan = reader.plan_input(config.prepare.read)  # the input exists and holds data files
     check_input_files(plan.shards, config.prepare.read.uri, getattr(args, "attributes", None))
+    reader.check_format(plan.shards, config.prepare.read)  # a JSON array, a Parquet file without a title column, ...
     shards = tuple(plan.shards)
     arguments = {**config.arguments, INPUT_MODIFIED: plan.modified}
     if config.extract.decoder != DRY_RUN:
@@ -243,7 +246,18 @@ def preflight(config: JobConfig, args: argparse.Namespace) -> Preflight:
     # the prepare stage refuses a chunk whose rows no longer read as the id index says
     modified = same and not args.overwrite and (existing.get("arguments") or {}).get(INPUT_MODIFIED, plan.modified) != plan.modified
     return Preflight(shards, empty, existing.get("run_id") if existing else None, complete, arguments, run_id,
-                     tuple(plan.ignored), modified, leftovers)
+                     tuple(plan.ignored), modified, leftovers, plan.unsupported, nothing_to_skip(config))
+
+
+def nothing_to_skip(config: JobConfig) -> bool:
+    """``--skip-existing`` names a prefix with no earlier output under it (this job's own aside): the
+    first night of a backfill, or a mistyped path, which would run the whole catalog again."""
+    if config.skip_existing is None:
+        return False
+    from pipelines.idindex import output_roots
+
+    own = config.output.uri.rstrip("/")
+    return not [r for r in output_roots(config.skip_existing) if r != own and not r.startswith(own + "/")]
 
 
 def same_adapter_as_typed(existing: dict, arguments: dict, here: dict) -> bool:

@@ -27,8 +27,20 @@ SUBCOMMANDS = {
 }
 
 
+def version() -> str:
+    """The installed package's version (a checkout not installed: "unknown")."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("hpd-ave")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(prog="hpd", description="HPD-AVE: attribute value extraction with Hyper-Parallel Decoding")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():

@@ -43,7 +43,8 @@ def describe(result: Result, limit: int = 20) -> str:
     """A dry run's plan for a person: the partitions with groups to pack (the first ``limit``)."""
     f = result.figures
     lines = [f"hpd compact --dry-run: {f.partitions} partitions, {f.files_before:,} files ({f.bytes_before:,} bytes) "
-             f"-> {f.files_after:,} files in {len(result.planned)} partitions with {f.groups:,} groups to pack"]
+             + (f"-> {f.files_after:,} files: {f.groups:,} groups to pack in {len(result.planned)} partitions"
+                if result.planned else "-> nothing to pack (no partition has two files to pack into one)")]
     if result.left_groups:
         lines.append(f"  first: {result.left_groups} group(s) a stopped compaction left, to finish or undo")
     for partition, groups in result.planned[:limit]:

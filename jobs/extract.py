@@ -4,7 +4,8 @@ Every argument and input is checked before Ray starts and before anything is wri
 (jobs/checks.py). An input without rows finishes at once (0 products, no Ray, no model); a finished
 job is not run again. Locally (no --address, no running cluster) it starts a Ray instance sized to
 the machine; under `ray job submit` it joins the job's cluster. Run it again with the same
-arguments to resume; --overwrite deletes an earlier job in the output and starts over.
+arguments to resume; --overwrite deletes an earlier job in the output and starts over. A job whose
+every row was rejected exits with status 1 (its rejected rows and report are written).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from hpd_core.config import COMPILE_LAYERS, DEFAULT_MODEL, SKELETONS, SPANS, STE
 from jobs import CommandFailed, stop_cleanly_on_sigterm
 from pipelines.devices import DEFAULT_DEVICE, DEVICES
 from pipelines.dryrun import FAILURE_MODES, DryRunConfig
-from pipelines.reader import ReadConfig
+from pipelines.reader import UNDERSTOOD, ReadConfig
 from pipelines.report import CPU_PRICE_PER_HOUR, GPU_PRICE_PER_HOUR
 from pipelines.schema import OVERSIZE_POLICIES, ValidationConfig
 from pipelines.stacking import StackingConfig
 
 DECODER_CHOICES = ("hpd", "ar", "reference", "dry-run")  # pipelines.extract_stage.EXTRACT_DECODERS
-INTERRUPTED = "run the same command again to resume (committed chunks are kept)"
+INTERRUPTED = "run the same command again to resume (the chunks committed so far, if any, are kept)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +145,12 @@ def window_warning(report: dict) -> str:
             "they are not, and a key wider than the window cannot be split (docs/sliding-window.md)")
 
 
+def every_row_rejected(report: dict) -> bool:
+    """Rows came in and every one was rejected: the job ran, but the likely cause is the input's
+    format, its field names or the schema, and a scheduler must not take it for a success (exit 1)."""
+    return bool(report["rows_in"]) and report["rows_rejected"] == report["rows_in"]
+
+
 def _summary(report: dict, output: str) -> str:
     rejected = report["rows_rejected"]
     by_stage = ", ".join(f"{stage} {n}" for stage, n in report["rejected_by_stage"].items())
@@ -161,8 +168,9 @@ def _summary(report: dict, output: str) -> str:
     if report.get("inputs_truncated"):
         lines.append(f"{report['inputs_truncated']} product(s) had their text cut to --max-text-chars (--oversize "
                      "truncate): every value of theirs is flagged truncated")
-    if rejected and rejected == report["rows_in"]:  # a schema whose categories match none, a wrong field name, ...
-        lines.append(f"warning: every row was rejected; the reasons, most frequent first: hpd rejected {output}")
+    if every_row_rejected(report):  # a schema whose categories match none, a wrong field name, ...
+        lines.append(f"warning: every row was rejected (exit status 1); the reasons, most frequent first: "
+                     f"hpd rejected {output}")
     elif set(report["rejected_by_stage"]) - {"extract"}:
         lines.append(f"why they were rejected, by stage and reason: hpd rejected {output}")
     if report["rejected_by_stage"].get("extract"):  # the decoder failed on them: worth another run
@@ -293,6 +301,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"hpd extract: warning: {len(plan.ignored)} file(s) of --input are not read, as their names (or a folder's) "
               f"begin with _ or . (Spark's and Hadoop's markers): {plan.ignored[0]}"
               f"{', ...' if len(plan.ignored) > 1 else ''}; rename them to read them", file=sys.stderr)
+    if plan.unsupported:
+        print(f"hpd extract: warning: {len(plan.unsupported)} file(s) of --input are of no type it reads ({UNDERSTOOD}), "
+              f"each read as one rejected row: {plan.unsupported[0]}{', ...' if len(plan.unsupported) > 1 else ''}; "
+              "convert them (a CSV file: to JSON Lines or Parquet) or move them out", file=sys.stderr)
+    if plan.nothing_to_skip:
+        print(f"hpd extract: warning: --skip-existing {config.skip_existing}: no earlier output there (no folder under "
+              "it holds a _job.json), so nothing is skipped and every product is extracted: right for the first run "
+              "of a backfill; otherwise check the path", file=sys.stderr)
+    if plan.empty:
+        print(f"hpd extract: warning: --input {config.prepare.read.uri} holds no rows: a job of 0 products",
+              file=sys.stderr)
     if plan.run_id != config.output.run_id:
         config = config.as_run(plan.run_id)
     if config.address is None and config.extract.decoder != DRY_RUN:  # actors on this machine
@@ -311,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
         if io.exists(io.join(output, compact.MARKER)):
             print(f"hpd extract: warning: {compact.compacting_message(output)}", file=sys.stderr)
         print(_summary(report, output))
-        return 0
+        return 1 if every_row_rejected(report) else 0
     overwrite = bool(args.overwrite and plan.existing_run is not None) or plan.leftovers
     if overwrite:
         from pipelines import attempts
@@ -334,4 +353,4 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = _run_on_ray(config, args, plan.arguments, overwrite)
     print(_summary(report, output))
-    return 0
+    return 1 if every_row_rejected(report) else 0

@@ -149,7 +149,7 @@ def find_earlier(prefix: str, exclude: str) -> EarlierIds:
         log.info("--skip-existing: %d earlier outputs under %s (%d id files, %d manifests)", len(outputs), prefix,
                  len(id_runs), len(manifests))
     else:  # e.g. the first nightly run: nothing done yet
-        log.warning("--skip-existing %s: no earlier output there; nothing to skip", prefix)
+        log.info("--skip-existing %s: no earlier output there; nothing to skip", prefix)  # hpd extract warns before
     return EarlierIds(tuple(outputs), tuple(id_runs), tuple(manifests))
 
 

@@ -155,6 +155,7 @@ class InputPlan:
     shards: list[Shard]
     ignored: list[str]
     modified: str
+    unsupported: tuple[str, ...] = ()  # files of a folder beside its data files, of no type it reads
 
 
 def plan_shards(config: ReadConfig) -> list[Shard]:
@@ -173,6 +174,7 @@ def plan_input(config: ReadConfig) -> InputPlan:
         names = ", ".join(f.uri.rsplit("/", 1)[-1] for f in files[:3]) + (", ..." if len(files) > 3 else "")
         raise ValueError(f"--input {config.uri} holds no data files (.parquet, .jsonl, .json, .ndjson, optionally .gz; "
                          f"found {names})")
+    unsupported = tuple(f.uri for f in files if _kind(f.uri) == "unsupported")  # each read as one rejected row
     shards = []
     for file in files:
         kind = _kind(file.uri)
@@ -181,7 +183,7 @@ def plan_input(config: ReadConfig) -> InputPlan:
             end = min(start + step, file.size)
             shards.append(Shard(_shard_id(file, start, end), file.uri, kind, start, end))
     if config.limit is None:
-        return InputPlan(shards, ignored, modified)
+        return InputPlan(shards, ignored, modified, unsupported)
     limited, remaining = [], config.limit
     for shard in shards:
         if remaining == 0:
@@ -190,7 +192,57 @@ def plan_input(config: ReadConfig) -> InputPlan:
         if take:
             limited.append(replace(shard, max_rows=take))
         remaining -= take
-    return InputPlan(limited, ignored, modified)
+    return InputPlan(limited, ignored, modified, unsupported)
+
+
+REQUIRED_COLUMNS = ("product_id", "category", "title")
+
+
+def check_format(shards: list[Shard], config: ReadConfig) -> None:
+    """Refuse an input whose files are of another format than their names say, before the job
+    starts, rather than reject every row of it one by one: a ``.json`` file holding a JSON array or
+    a pretty-printed object (JSON Lines is one object per line), a Parquet file without the columns
+    every record needs. Only the first file of each kind is read (its first line, or its schema),
+    so a catalog of many files is not read twice; a broken row further on is rejected as before."""
+    seen = set()
+    for shard in shards:
+        if shard.kind in seen or shard.start != 0 or shard.kind == "unsupported":
+            continue
+        seen.add(shard.kind)
+        if shard.kind == "parquet":
+            _check_parquet_columns(shard)
+            continue
+        first = next(iter(_jsonl_lines(shard, config.read_block_bytes)), None)
+        if not isinstance(first, bytes):
+            continue  # empty, or an unreadable gzip file: its row says why
+        line = first.strip()
+        convert = f"convert it, e.g. jq -c '{'.[]' if line.startswith(b'[') else '.'}' FILE > FILE.jsonl"
+        if line.startswith(b"["):
+            raise ValueError(f"--input {shard.uri} holds a JSON array (its first line begins with '['): hpd extract "
+                             f"reads JSON Lines, one record object per line: {convert}")
+        if line == b"{":
+            raise ValueError(f"--input {shard.uri} holds pretty-printed JSON (its first line is '{{' alone): hpd "
+                             f"extract reads JSON Lines, one record object per line: {convert}")
+
+
+def _check_parquet_columns(shard: Shard) -> None:
+    fs, path = filesystem(shard.uri)
+    try:
+        with fs.open_input_file(path) as file:
+            names = pq.ParquetFile(file).schema_arrow.names
+    except (pa.ArrowInvalid, OSError) as err:
+        if from_the_store(err):
+            raise
+        return  # a corrupt file: read as one rejected row, which says why
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if missing:
+        other = {n.strip().casefold(): n for n in names}
+        hints = [f"{other[c]!r} for {c!r}" for c in missing if c in other]
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        raise ValueError(f"--input {shard.uri} has no column {' or '.join(missing)} (its columns: {shown or 'none'}); "
+                         f"every record needs {', '.join(REQUIRED_COLUMNS)}"
+                         + (f" (column names are lower case: it has {'; '.join(hints)})" if hints else
+                            ": rename the columns that hold them"))
 
 
 @dataclass(frozen=True)
@@ -366,6 +418,10 @@ def parse_raw(row: int, raw: bytes | dict | _Unreadable) -> RawRecord:
         value = jsontext.loads(raw)
     except KeyGivenTwice as err:
         return RawRecord(row, None, text, f"{err} (JSON would keep only the last)")
+    except UnicodeDecodeError as err:  # before ValueError, its base: the file's encoding, not its JSON
+        return RawRecord(row, None, text, f"the line is not UTF-8 text (byte 0x{raw[err.start:err.start + 1].hex()} at byte "
+                         f"{err.start} of the line): JSON Lines are UTF-8; re-encode the file (e.g. iconv -f latin1 "
+                         "-t utf-8) and run it again")
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, huge ints, deep nesting
         return RawRecord(row, None, text, "malformed JSON line (JSON Lines: one object per line): "
                          f"{str(err)[:200] or type(err).__name__}")

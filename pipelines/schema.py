@@ -6,6 +6,7 @@ record. A bad *schema* file is a user error and raises ``ValueError`` once, at j
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -55,6 +56,9 @@ def partition_value(category: str) -> str:
     return urllib.parse.quote(category, safe="").replace(".", "%2E")
 
 
+NEAR_CACHED = 4096  # unknown categories whose nearest known one is kept
+
+
 @dataclass(frozen=True)
 class AttributeSchema:
     """category -> the attributes to extract for it (in prompt order)."""
@@ -94,10 +98,23 @@ class AttributeSchema:
     def _folded(self) -> dict[str, str]:
         return {c.casefold(): c for c in self.categories}
 
+    @functools.cached_property
+    def _near(self) -> dict[str, str | None]:
+        return {}  # ``near``'s answers: a catalog names its few unknown categories again and again
+
     def near(self, category: str) -> str | None:
         """The schema's category that ``category`` names in another case or with white space around
-        it, if one does (a hint for a record's unknown category)."""
-        return self._folded.get(category.strip().casefold())
+        it, or else the one it is closest to as a string ("Laptops" for "Laptop"), if any is close
+        (a hint for a record's unknown category)."""
+        folded = category.strip().casefold()
+        if folded in self._folded:
+            return self._folded[folded]
+        if folded not in self._near:
+            if len(self._near) >= NEAR_CACHED:
+                self._near.clear()
+            close = difflib.get_close_matches(folded, list(self._folded), n=1, cutoff=0.8)
+            self._near[folded] = self._folded[close[0]] if close else None
+        return self._near[folded]
 
     def to_json(self) -> str:
         """Canonical text (for the run id): same schema, same text."""
@@ -142,7 +159,10 @@ def parse_schema(data: object, source: str = "attribute schema") -> AttributeSch
             categories[category] = tuple(Attribute(name, description) for name, description in items)
         except ValueError as err:
             raise ValueError(f"{source}: category {category!r}: {err}") from err
-    return AttributeSchema(categories)
+    try:
+        return AttributeSchema(categories)
+    except ValueError as err:  # which file: the checks above name it, and so do these
+        raise ValueError(f"{source}: {err}") from err
 
 
 def load_schema(path: str) -> AttributeSchema:
@@ -297,7 +317,9 @@ def validate_record(record: object, schema: AttributeSchema, config: ValidationC
         return Rejected(f"product_id longer than {config.max_id_chars} characters")
     if fields["category"] not in schema.categories:  # named: a typo in the records or a category the schema lacks
         near = schema.near(fields["category"])
-        hint = f"; the schema has {near!r}: categories are matched exactly" if near is not None else ""
+        hint = (f"; the schema has {near!r}: categories are matched exactly" if near is not None
+                and near.casefold() == fields["category"].strip().casefold() else
+                f"; did you mean {near!r}? categories are matched exactly" if near is not None else "")
         return Rejected(f"unknown category {fields['category'][:100]!r} (not in the attribute schema, --attributes{hint})")
     size = len(fields["title"]) + len(description or "") + sum(len(f) for f in features)
     truncated = size > config.max_text_chars

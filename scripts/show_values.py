@@ -60,6 +60,8 @@ def job_input(output: str) -> str:
     """The input the job in ``output`` read, as its ``_job.json`` names it."""
     marker = io.join(output, "_job.json")
     if not io.exists(marker):
+        if not io.exists(output) and not io.list_files(output):
+            raise ValueError(f"{output} does not exist: pass the output directory of `hpd extract`")
         raise ValueError(f"{output} has no _job.json to name its input: pass --input")
     uri = (io.read_json(marker).get("arguments") or {}).get("input")
     if not isinstance(uri, str) or not uri:
@@ -70,7 +72,7 @@ def job_input(output: str) -> str:
 def render(output: str, records: str, products: int) -> str:
     shown = first_products(output, products)
     named = titles(records, set(shown))
-    lines = [f"{len(shown)} products of {output}/attributes/:"]
+    lines = [f"{len(shown)} product{'' if len(shown) == 1 else 's'} of {output}/attributes/:"]
     for pid, values in shown.items():
         title, category = named.get(pid, (f"(not in {records})", "?"))
         lines.append(f"  {title}  ({category}, {pid})")

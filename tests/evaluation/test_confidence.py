@@ -108,7 +108,7 @@ def test_show_values_prints_the_first_products_with_their_confidences(tmp_path: 
     assert len(read) == 1  # one file of three held the product
     text = capsys.readouterr().out
     first = text.splitlines()[1]
-    assert text.startswith(f"1 products of {out}/attributes/:") and len(text.splitlines()) == 4  # a product, 2 values
+    assert text.startswith(f"1 product of {out}/attributes/:") and len(text.splitlines()) == 4  # a product, 2 values
     shown = {"tiny-test-00000": "Acme Towel Navy", "tiny-test-00002": "Zed Runner Red", "tiny-test-00004": "Kiddo Shoe Green",
              "tiny-test-00001": "Soft Bath Mat", "ghost-1": "(not in"}  # fmt: skip
     assert any(first.startswith(f"  {title}") and pid in first for pid, title in shown.items()), first

@@ -236,7 +236,14 @@ def test_cli_user_errors_are_short(tmp_path: Path, gold_dir: Path, capsys, monke
     message = _cli_error(["evaluate", "--predictions", str(out), "--gold", missing_gold], capsys, monkeypatch)
     assert f"file not found: {missing_gold}" in message
     message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold], capsys, monkeypatch)
+    assert f"{out} does not exist: pass the output directory of `hpd extract`" in message
+    out.mkdir()
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold], capsys, monkeypatch)
     assert f"no predictions at {out}/attributes/" in message and "hpd extract" in message
+    (out / "_job.json").write_text("{}")  # a job that wrote no values (every row rejected, or none)
+    message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold], capsys, monkeypatch)
+    assert f"the job in {out} wrote no values (no Parquet files under attributes/)" in message
+    (out / "_job.json").unlink()
     (out / "attributes").mkdir(parents=True)
     message = _cli_error(["evaluate", "--predictions", str(out), "--gold", gold], capsys, monkeypatch)
     assert f"no Parquet files under {out}/attributes/" in message

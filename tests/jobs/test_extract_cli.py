@@ -71,9 +71,60 @@ def test_data_files_under_hidden_names_are_named_in_a_warning(tmp_path, no_ray, 
     (source / "_SUCCESS").write_text("")
     (source / "_2024_export.jsonl").write_text(json.dumps({"product_id": "p", "category": "Shoes", "title": "t"}) + "\n")
     assert run_extract(extract_args(source, tmp_path / "out")) == 0
-    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "are not read" in line]
     assert warning.startswith("hpd extract: warning: 1 file(s) of --input are not read, as their names")
     assert "_2024_export.jsonl; rename them to read them" in warning and "_SUCCESS" not in warning
+
+
+def test_a_file_of_another_format_than_its_name_is_refused_before_ray(tmp_path, no_ray, capsys):
+    """A new user's walk (session 63): a .json file holding a JSON array, or pretty-printed JSON, and a
+    Parquet file without a title column had every row rejected one by one, and the job exited 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [{"product_id": f"p{i}", "category": "Tea", "title": f"tea {i}"} for i in range(3)]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(records))
+    assert run_extract(extract_args(array, tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert f"--input {array} holds a JSON array (its first line begins with '['): hpd extract reads JSON Lines" in err
+    assert "jq -c '.[]'" in err
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(records[0], indent=2))
+    assert run_extract(extract_args(pretty, tmp_path / "out")) == 2
+    assert f"--input {pretty} holds pretty-printed JSON (its first line is '{{' alone)" in capsys.readouterr().err
+    table = pa.table({"product_id": ["p0"], "category": ["Tea"], "Title": ["tea 0"]})
+    pq.write_table(table, tmp_path / "no-title.parquet")
+    assert run_extract(extract_args(tmp_path / "no-title.parquet", tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "has no column title (its columns: product_id, category, Title)" in err
+    assert "column names are lower case: it has 'Title' for 'title'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_mistyped_skip_existing_prefix_and_an_empty_input_are_warned_of(tmp_path, no_ray, capsys):
+    """--skip-existing naming no earlier output skips nothing (right on a backfill's first night, a
+    whole catalog again after a typo): a warning says so before the job starts, as it does of an input
+    without rows and of files beside the data that no reader reads (each one rejected row)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    argv = extract_args(empty, tmp_path / "runs" / "dt=2", "--skip-existing", tmp_path / "runs-typo")
+    assert run_extract(argv) == 0
+    err = capsys.readouterr().err
+    assert f"hpd extract: warning: --skip-existing {tmp_path / 'runs-typo'}: no earlier output there" in err
+    assert f"hpd extract: warning: --input {empty} holds no rows: a job of 0 products" in err
+    argv = extract_args(empty, tmp_path / "runs" / "dt=3", "--skip-existing", tmp_path / "runs")
+    assert run_extract(argv) == 0  # dt=2 is an earlier output under the prefix
+    assert "--skip-existing" not in capsys.readouterr().err
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"product_id": "p", "category": "Tea", "title": "t"}) + "\n")
+    (folder / "notes.txt").write_text("a note\n")
+    assert run_extract(extract_args(folder, tmp_path / "out-mixed")) == 1  # no_ray: Ray's start refused, after the warning
+    err = capsys.readouterr().err
+    assert "could not start or join Ray: AssertionError: the job started" in err
+    assert "hpd extract: warning: 1 file(s) of --input are of no type it reads" in err
+    assert f"each read as one rejected row: {folder / 'notes.txt'}" in err
 
 
 def test_an_input_folder_holding_the_schema_or_labels_is_refused_before_ray(tmp_path, no_ray, capsys):
@@ -329,7 +380,7 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
     assert "why they were rejected, by stage and reason: hpd rejected out" in extract._summary(some, "out")
     assert "hpd rejected" not in extract._summary(base, "out")
     none_out = dict(some, products_out=0, rows_in=1)
-    assert "warning: every row was rejected; the reasons, most frequent first: hpd rejected out" in \
+    assert "warning: every row was rejected (exit status 1); the reasons, most frequent first: hpd rejected out" in \
         extract._summary(none_out, "out")
     assert "every row" not in extract._summary(dict(none_out, rows_in=2, rows_skipped=1), "out")  # one skipped
     failed = dict(base, products_out=1, rows_rejected=2, rejected_by_stage={"extract": 2})
@@ -493,6 +544,21 @@ def test_prompts_the_decoder_fails_on_become_rejected_rows_with_the_reason(ray_c
     written = set(read_attributes(str(output)).column("product_id").to_pylist())
     assert written == {f"p{i}" for i in range(12)} - set(rejected)
     assert result["rejected_by_stage"] == {"extract": 4} and result["products_out"] == 8
+
+
+def test_a_job_whose_every_row_was_rejected_exits_1(ray_cluster, tmp_path, capsys):
+    """Every row rejected (here: a category the schema names otherwise) is a job that ran and wrote its
+    rejected rows and report, but a scheduler must not take it for a success: exit status 1, also when
+    the finished job is run again; each reason names the schema's near category."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([{"product_id": f"p{i}", "category": "Teas", "title": f"tea {i}"} for i in range(3)]))
+    argv = extract_args(source, tmp_path / "out")
+    assert run_extract(argv) == 1
+    assert "warning: every row was rejected (exit status 1)" in capsys.readouterr().out
+    reasons = {r["reason"] for r in read_rejected(str(tmp_path / "out"))}
+    assert reasons == {"unknown category 'Teas' (not in the attribute schema, --attributes; did you mean 'Tea'? "
+                       "categories are matched exactly)"}
+    assert run_extract(argv) == 1 and "already complete" in capsys.readouterr().err
 
 
 def test_verbose_brings_back_rays_logs(ray_cluster, tmp_path, capfd, recwarn):

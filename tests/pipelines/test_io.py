@@ -216,6 +216,16 @@ def test_a_parquet_string_that_is_not_utf8_rejects_its_row_alone(tmp_path):
     assert [r.row for r in got] == [0, 1, 2]
 
 
+def test_a_json_line_that_is_not_utf8_says_so_and_how_to_fix_it(tmp_path):
+    """A Latin-1 line in a JSON Lines file is a rejected row that names the encoding and the byte,
+    not Python's codec message (a new user's walk, session 63); the lines beside it are read."""
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"product_id": "a"}\n{"product_id": "caf\xe9"}\n{"product_id": "c"}\n')
+    got = rows_of(ReadConfig(str(tmp_path / "latin1.jsonl")))
+    assert [r.value for r in got] == [{"product_id": "a"}, None, {"product_id": "c"}]
+    assert got[1].error == ("the line is not UTF-8 text (byte 0xe9 at byte 19 of the line): JSON Lines are UTF-8; "
+                            "re-encode the file (e.g. iconv -f latin1 -t utf-8) and run it again")
+
+
 def test_a_parquet_file_that_gives_a_column_twice_rejects_each_row(tmp_path):
     """A row read as a dict would keep the last of two columns of one name: each row is rejected."""
     table = pa.Table.from_arrays([pa.array([f"p{i}" for i in range(5)]), pa.array(["Tea"] * 5), pa.array(["a"] * 5),

@@ -94,6 +94,8 @@ def good(**changes):
          "missing category (the record has 'Category': field names are lower case)"),
         (good(product_id=float("nan")), "product_id must be a string, got float (an integer id column with missing"),
         (good(category="Boats"), "unknown category 'Boats' (not in the attribute schema, --attributes)"),
+        (good(category="Shoe"), "unknown category 'Shoe' (not in the attribute schema, --attributes; did you mean "
+                                "'Shoes'? categories are matched exactly)"),
         (good(category=" shoes"), "unknown category ' shoes' (not in the attribute schema, --attributes; the schema "
                                   "has 'Shoes': categories are matched exactly)"),
         (good(category=["Shoes"]), "category must be a string"),
