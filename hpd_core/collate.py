@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -128,6 +128,19 @@ def stack_examples(
                 scored = tuple(item.scored or (True,) * len(attrs) for item in chunk)
             examples.append(Example(request, tuple(item.values for item in chunk), scored))
     return examples
+
+
+def shuffle_schema(example: Example, rng: random.Random) -> Example:
+    """The example asking for a random non-empty subset of its attributes (its size drawn uniformly
+    from 1..N) in a random order, each product's values and targets following their attributes:
+    a model trained on such prompts must read which attributes a prompt asks for, and in which
+    order, instead of learning each category's one list (``TrainConfig.shuffle_attributes``)."""
+    attrs = example.request.attributes
+    keep = rng.sample(range(len(attrs)), rng.randint(1, len(attrs)))
+    request = replace(example.request, attributes=tuple(attrs[n] for n in keep))
+    values = tuple(tuple(row[n] for n in keep) for row in example.values)
+    scored = None if example.scored is None else tuple(tuple(row[n] for n in keep) for row in example.scored)
+    return Example(request, values, scored)
 
 
 def value_tokens(tokenizer, example: Example) -> list[list[int]]:

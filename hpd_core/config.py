@@ -241,6 +241,9 @@ class TrainConfig:
     lr: None picks DEFAULT_LORA_LR or DEFAULT_FULL_LR.
     grad_accum: micro-batches per optimizer step; ``max_steps`` caps optimizer steps (smoke runs).
     warmup_ratio: fraction of the optimizer steps with linearly rising LR; then linear decay to 0.
+    shuffle_attributes: the share of training prompts (drawn per prompt and epoch) that ask for a
+        random non-empty subset of their category's attributes in a random order
+        (``collate.shuffle_schema``); 0: every prompt asks for its category's list as it is.
     """
 
     docs_per_prompt: int = 1
@@ -266,6 +269,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     autocast: str | None = None
     checkpoint_minutes: float = 5.0
+    shuffle_attributes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.decoder not in FINETUNE_DECODERS:
@@ -294,6 +298,8 @@ class TrainConfig:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not self.max_grad_norm > 0:  # clipping to a norm of 0 would zero every gradient
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if not 0 <= self.shuffle_attributes <= 1:
+            raise ValueError(f"shuffle_attributes must be in [0, 1], got {self.shuffle_attributes}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, stack_examples
+from hpd_core.collate import IGNORE, Example, Features, Labeled, collate, features, shuffle_schema, stack_examples
 from hpd_core import attribute_groups, checkpoint, masks
 from hpd_core.config import TrainConfig  # the recipe (a config: hpd_core/config.py)
 from hpd_core.layout import INTERLEAVED, build_layout
@@ -212,8 +212,13 @@ def to_features(tokenizer, examples: Sequence[Example], config: TrainConfig) -> 
 Widen = Callable[[Example], list[Example]]
 
 
-def _stack(products, attributes, config: TrainConfig, rng: random.Random, widen: Widen | None = None) -> list[Example]:
+def _stack(products, attributes, config: TrainConfig, rng: random.Random, widen: Widen | None = None,
+           training: bool = True) -> list[Example]:
+    """An epoch's training prompts (``training``: with ``config.shuffle_attributes``, that share of
+    them drawn over shuffled subsets of their attributes), or the validation prompts (never)."""
     examples = stack_examples(products, attributes, config.docs_per_prompt, rng, config.max_docs_per_prompt)
+    if training and config.shuffle_attributes:
+        examples = [shuffle_schema(ex, rng) if rng.random() < config.shuffle_attributes else ex for ex in examples]
     return examples if widen is None else [part for example in examples for part in widen(example)]
 
 
@@ -302,7 +307,7 @@ def train(
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)  # dropout
     widen = widener(model, tokenizer, config)
-    val_examples = _stack(val_products, attributes, config, random.Random(config.seed), widen)
+    val_examples = _stack(val_products, attributes, config, random.Random(config.seed), widen, training=False)
     val_feats = to_features(tokenizer, val_examples, config)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)

@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
     train.add_argument("--max-docs-per-prompt", type=int, metavar="J_MAX",
                        help="train on a mix of J: each prompt draws J from --docs-per-prompt (default 1)..J_MAX")
+    train.add_argument("--shuffle-attributes", type=float, metavar="P",
+                       help="this share of training prompts asks for a random subset of its category's attributes in "
+                            f"a random order, drawn per prompt and epoch (default {TRAIN_DEFAULTS.shuffle_attributes:g})")
     train.add_argument("--skeleton", choices=SKELETONS, help=f"where HPD's keys go (default {TRAIN_DEFAULTS.skeleton}); extract with the same")
     train.add_argument("--train-embeddings", action="store_true", help="with --full, also train the token embeddings / LM head")
     train.add_argument("--autocast", choices=["bfloat16"], help="bf16 autocast with float32 master weights (fast on AVX-512 BF16/AMX CPUs and GPUs)")
@@ -132,7 +135,7 @@ def docs_options(args: argparse.Namespace) -> dict:
 TRAIN_OPTIONS = (
     "decoder", "full", "lora_rank", "lora_alpha", "lora_dropout", "lr", "weight_decay", "warmup_ratio",
     "max_grad_norm", "batch_size", "grad_accum", "epochs", "max_steps", "seed", "log_every",
-    "gradient_checkpointing", "skeleton", "train_embeddings", "autocast", "checkpoint_minutes",
+    "gradient_checkpointing", "skeleton", "train_embeddings", "autocast", "checkpoint_minutes", "shuffle_attributes",
 )  # fmt: skip
 
 
@@ -308,7 +311,7 @@ def warn_about_data(stats: dict, sources) -> None:
             stats["target_not_in_text_example"],
         )
     if stats.get("none_words"):
-        logging.warning("%d target values are a word for none (%s): they are trained as those words; "
+        logging.warning("%d target value(s) are a word for none (%s): they are trained as those words; "
                         'none is written {"n/a": 1} (or the attribute left out)', stats["none_words"], stats["none_words_written"])
     if stats["slots"] and stats["null_targets"] == stats.get("targets", stats["slots"]):
         logging.warning("every one of the %d target values is none (n/a or left out): the run teaches the model to "

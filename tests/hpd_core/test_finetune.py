@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from hpd_core.autoregressive import AutoregressiveDecoder
-from hpd_core.collate import (IGNORE, Example, Labeled, ar_features, collate, hpd_features, stack_examples, until_complete,
-                               value_tokens)
+from hpd_core.collate import (IGNORE, Example, Labeled, ar_features, collate, hpd_features, shuffle_schema, stack_examples,
+                               until_complete, value_tokens)
 from hpd_core.config import DecodeConfig, ModelConfig, TrainConfig
 from hpd_core.engine import HPDDecoder
 from hpd_core.finetune import (adapter_shape, check_init_adapter, collate_for, mean_loss, prepare_model, remaining, save,
@@ -557,6 +557,47 @@ def test_mixed_j_stacks_every_size_in_range():
     sizes = {len(e.request.products) for e in examples}
     assert {1, 2, 7, 8} <= sizes and max(sizes) == 8
     assert sum(len(e.request.products) for e in examples) == len(products)
+
+
+def test_shuffled_schemas_keep_each_value_with_its_attribute():
+    """``shuffle_schema`` asks for a non-empty subset of the attributes in a random order, and every
+    product's value and target go with their attribute; over many draws every size and order occurs.
+    ``_stack`` shuffles that share of an epoch's prompts and never the validation prompts, and at 0
+    stacks exactly as before."""
+    from hpd_core.finetune import _stack
+
+    rng = random.Random(3)
+    request = random_request(rng, 2, 4)
+    names = [a.name for a in request.attributes]
+    values = tuple(tuple(f"{name}-{j}" for name in names) for j in range(2))
+    scored = ((True, False, True, False), (False, True, True, True))
+    example = Example(request, values, scored)
+    sizes, orders = set(), set()
+    for _ in range(300):
+        out = shuffle_schema(example, rng)
+        kept = [a.name for a in out.request.attributes]
+        assert 1 <= len(kept) == len(set(kept)) and set(kept) <= set(names)
+        assert out.request.products == request.products and out.request.category == request.category
+        for j in range(2):
+            assert out.values[j] == tuple(f"{name}-{j}" for name in kept)
+            assert out.scored[j] == tuple(scored[j][names.index(name)] for name in kept)
+        sizes.add(len(kept))
+        orders.add(tuple(kept))
+    assert sizes == {1, 2, 3, 4} and len([o for o in orders if len(o) == 4]) > 1
+    assert shuffle_schema(dataclasses.replace(example, scored=None), rng).scored is None
+
+    products, attributes = labeled_products(40)
+    plain = TrainConfig(docs_per_prompt=2, max_docs_per_prompt=None)
+    before = stack_examples(products, attributes, 2, random.Random(0))
+    assert _stack(products, attributes, plain, random.Random(0)) == before
+    shuffled = dataclasses.replace(plain, shuffle_attributes=1.0)
+    whole = next(iter(attributes.values()))
+    assert _stack(products, attributes, shuffled, random.Random(0), training=False) == before
+    drawn = _stack(products, attributes, shuffled, random.Random(0))
+    assert [ex.request.products for ex in drawn] == [ex.request.products for ex in before]
+    assert any(ex.request.attributes != whole for ex in drawn)
+    with pytest.raises(ValueError, match="shuffle_attributes"):
+        TrainConfig(shuffle_attributes=1.5)
 
 
 def test_training_prompts_wider_than_the_window_train_as_the_engine_decodes_them(tokenizer):

@@ -794,7 +794,7 @@ def test_words_for_none_and_gold_of_nothing_but_none_are_warned_of(data_dir, tmp
     argv = ["finetune", "--train", str(folder), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "nothing")]
     caplog.set_level("WARNING")
     assert main(argv) != 0
-    assert """4 target values are a word for none ('N/A' 2, 'null' 1, 'None' 1): they are trained as those words; none is written {"n/a": 1}""" in caplog.text
+    assert """4 target value(s) are a word for none ('N/A' 2, 'null' 1, 'None' 1): they are trained as those words; none is written {"n/a": 1}""" in caplog.text
     assert "every one of the" not in caplog.text
     write_jsonl(folder / "gold.jsonl", [{**row, "target_scores": {"Brand": {"n/a": 1}}} for row in rows])
     caplog.clear()
