@@ -208,13 +208,16 @@ def check_format(shards: list[Shard], config: ReadConfig) -> None:
     for shard in shards:
         if shard.kind in seen or shard.start != 0 or shard.kind == "unsupported":
             continue
-        seen.add(shard.kind)
         if shard.kind == "parquet":
+            seen.add(shard.kind)
             _check_parquet_columns(shard)
             continue
         first = next(iter(_jsonl_lines(shard, config.read_block_bytes)), None)
-        if not isinstance(first, bytes):
-            continue  # empty, or an unreadable gzip file: its row says why
+        if first is None:
+            continue  # an empty file: the next one of its kind is read instead
+        seen.add(shard.kind)
+        if isinstance(first, _Unreadable):
+            continue  # an unreadable gzip file: its row says why
         line = first.strip()
         convert = f"convert it, e.g. jq -c '{'.[]' if line.startswith(b'[') else '.'}' FILE > FILE.jsonl"
         if line.startswith(b"["):
