@@ -324,7 +324,7 @@ def test_evaluate_s3_user_errors(s3_bucket, gold_dir: Path, capsys, monkeypatch)
     bucket, _ = s3_bucket
     gold = str(gold_dir / "gold.jsonl")
     message = _cli_error(["evaluate", "--predictions", f"s3://{bucket}/jobs/none", "--gold", gold], capsys, monkeypatch)
-    assert f"s3://{bucket}/jobs/none/attributes/" in message and "hpd extract" in message
+    assert f"s3://{bucket}/jobs/none does not exist: pass the output directory of `hpd extract`" in message
     message = _cli_error(["evaluate", "--predictions", f"s3://{bucket}/jobs/none", "--gold", f"s3://{bucket}/missing.jsonl"], capsys, monkeypatch)
     assert f"file not found: s3://{bucket}/missing.jsonl" in message
 
