@@ -102,7 +102,7 @@ def test_a_file_of_another_format_than_its_name_is_refused_before_ray(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_a_mistyped_skip_existing_prefix_and_an_empty_input_are_warned_of(tmp_path, no_ray, capsys):
+def test_a_mistyped_skip_existing_prefix_and_an_empty_input_are_warned_of(tmp_path, no_ray, capsys, monkeypatch):
     """--skip-existing naming no earlier output skips nothing (right on a backfill's first night, a
     whole catalog again after a typo): a warning says so before the job starts, as it does of an input
     without rows and of files beside the data that no reader reads (each one rejected row)."""
@@ -120,9 +120,10 @@ def test_a_mistyped_skip_existing_prefix_and_an_empty_input_are_warned_of(tmp_pa
     folder.mkdir()
     (folder / "a.jsonl").write_text(json.dumps({"product_id": "p", "category": "Tea", "title": "t"}) + "\n")
     (folder / "notes.txt").write_text("a note\n")
-    assert run_extract(extract_args(folder, tmp_path / "out-mixed")) == 1  # no_ray: Ray's start refused, after the warning
+    monkeypatch.setattr(extract, "_run_on_ray", must_not_run)  # whether or not this process's Ray is up
+    with pytest.raises(AssertionError, match="the job started"):
+        run_extract(extract_args(folder, tmp_path / "out-mixed"))
     err = capsys.readouterr().err
-    assert "could not start or join Ray: AssertionError: the job started" in err
     assert "hpd extract: warning: 1 file(s) of --input are of no type it reads" in err
     assert f"each read as one rejected row: {folder / 'notes.txt'}" in err
 
