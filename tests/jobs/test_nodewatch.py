@@ -74,8 +74,8 @@ def test_a_killed_raylet_ends_the_job_with_one_line_and_the_job_resumes(tmp_path
     failed = [line for line in log.splitlines() if line.startswith("hpd extract: failed:")]
     assert failed == [f"hpd extract: failed: Ray's local node stopped under the job: its raylet (pid {raylets[0].pid}) "
                       "ended, killed by a signal or by the system's out-of-memory killer (`dmesg` says which; Ray's "
-                      "logs are in /tmp/ray/session_latest/logs); run the same command again to resume (committed "
-                      "chunks are kept)"], log[-3000:]
+                      "logs are in /tmp/ray/session_latest/logs); run the same command again to resume (the chunks "
+                      "committed so far, if any, are kept)"], log[-3000:]
 
     resumed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=WAIT_SECONDS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
