@@ -254,10 +254,9 @@ def nothing_to_skip(config: JobConfig) -> bool:
     first night of a backfill, or a mistyped path, which would run the whole catalog again."""
     if config.skip_existing is None:
         return False
-    from pipelines.idindex import output_roots
+    from pipelines.idindex import earlier_outputs
 
-    own = config.output.uri.rstrip("/")
-    return not [r for r in output_roots(config.skip_existing) if r != own and not r.startswith(own + "/")]
+    return not earlier_outputs(config.skip_existing, config.output.uri)
 
 
 def same_adapter_as_typed(existing: dict, arguments: dict, here: dict) -> bool:

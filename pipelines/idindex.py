@@ -127,14 +127,19 @@ def output_roots(prefix: str) -> list[str]:
     return sorted(roots)
 
 
+def earlier_outputs(prefix: str, exclude: str) -> list[str]:
+    """``output_roots`` of ``prefix`` except ``exclude`` (this run's own, which resume covers) and
+    any output inside it."""
+    own = exclude.rstrip("/")
+    return [root for root in output_roots(prefix) if root != own and not root.startswith(own + "/")]
+
+
 def find_earlier(prefix: str, exclude: str) -> EarlierIds:
-    """The outputs under ``prefix`` except ``exclude`` (this run's own, which resume covers) and
-    where their ids are: a finished output's index, or the committed manifests of any other."""
+    """The outputs under ``prefix`` except ``exclude`` (``earlier_outputs``) and where their ids
+    are: a finished output's index, or the committed manifests of any other."""
     own = exclude.rstrip("/")
     outputs, id_runs, manifests = [], [], []
-    for root in output_roots(prefix):
-        if root == own or root.startswith(own + "/"):
-            continue
+    for root in earlier_outputs(prefix, exclude):
         outputs.append(root)
         marker = io.join(root, INDEX_DIR, MARKER)
         index = io.read_json(marker) if io.exists(io.join(root, "_report.json")) and io.exists(marker) else {}
