@@ -145,6 +145,28 @@ def window_warning(report: dict) -> str:
             "they are not, and a key wider than the window cannot be split (docs/sliding-window.md)")
 
 
+def category_notes(report: dict, shown: int = 5) -> list[str]:
+    """Categories to look at: those whose every value came out null (attribute names the model does
+    not read as the records mean them?), and the schema's categories that no product came out in
+    (a category the records spell otherwise is rejected; ``hpd rejected`` names it). None for a job
+    whose every row was rejected (warned of already), nor for reports without per-category counts."""
+    if every_row_rejected(report):
+        return []
+    def names(items: list[str]) -> str:
+        return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+    notes = []
+    table = report.get("by_category") or {}
+    if empty := [f"{name} ({row['products']} product{'s' if row['products'] != 1 else ''})"
+                 for name, row in table.items() if row["attribute_rows"] and not row["values"]]:
+        notes.append(f"note: every value was null in {len(empty)} categor{'ies' if len(empty) != 1 else 'y'}: "
+                     f"{names(empty)}; check their attribute names and the products' text (_report.md, by category)")
+    if missing := report.get("categories_without_products"):
+        notes.append(f"note: {len(missing)} of the schema's categories had no product in this run: {names(missing)} "
+                     f"(none among the rows read{' or all skipped' if report.get('skip_existing') else ''}; records "
+                     f"that spell a category otherwise are rejected: hpd rejected {report['output']})")
+    return notes
+
+
 def every_row_rejected(report: dict) -> bool:
     """Rows came in and every one was rejected: the job ran, but the likely cause is the input's
     format, its field names or the schema, and a scheduler must not take it for a success (exit 1)."""
@@ -176,6 +198,7 @@ def _summary(report: dict, output: str) -> str:
     if report["rejected_by_stage"].get("extract"):  # the decoder failed on them: worth another run
         lines.append(f"the {report['rejected_by_stage']['extract']} rejected at extract, to run again: "
                      f"hpd rejected {output} --stage extract --out FILE.jsonl")
+    lines += category_notes(report)
     if (warning := fill_warning(report)) is not None:
         lines.append(warning)
     if report.get("values_beyond_window"):

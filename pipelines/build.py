@@ -554,7 +554,8 @@ def _run(prepare, extract, output, report, resources, skip_existing, progress, s
         heartbeat.check()  # the report is the owner's to write
         total = previous.merged(this_run)
         meta = _meta(prepare, extract, output, skip_existing)
-        result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt)
+        result = build_report(meta, total, this_run, attempts.load_all(output.uri), attempt,
+                              schema_categories=extract.schema.categories)
         write_report(output.uri, result)
         return result
     finally:

@@ -359,6 +359,7 @@ class ExtractStage:
         decode_seconds = time.perf_counter() - started
 
         attributes, failed, written = [], {}, []
+        by_category: dict[str, Counter] = {}  # the report's per-category products and values
         for (request, positions), result in zip(requests, outcomes):
             if isinstance(result, str):  # the decoder raised for this prompt, also alone
                 stats.update(prompts=1)
@@ -375,6 +376,8 @@ class ExtractStage:
                 row = rows[position]
                 written.append(position)
                 stats.update(products_out=1, inputs_truncated=int(row["input_truncated"]))
+                category = by_category.setdefault(row["category"], Counter())
+                category.update(products=1)
                 product = products[position]
                 for attribute, value in zip(request.attributes, values, strict=True):
                     if self.config.values_in_text and value.value is not None and not in_text(value.value, product):
@@ -382,6 +385,7 @@ class ExtractStage:
                         value = replace(value, value=None, confidence=None)
                     if value.parse_error and value.value is None:  # its confidence was that of text that was no value
                         value = replace(value, confidence=None)
+                    category.update(attribute_rows=1, values=int(value.value is not None))
                     stats.update(
                         attribute_rows=1,
                         values_null=int(value.value is None),
@@ -412,7 +416,8 @@ class ExtractStage:
         skipped = [position for position, row in enumerate(rows) if row["status"] == SKIPPED]
         stats.update(rejected=len(rejected), skipped=len(skipped))
         summary = dict(stats, decode_seconds=decode_seconds, decode_devices=self.threads or 1,  # a GPU actor: one GPU
-                       rejected_by_stage=dict(by_stage), actor=self.actor, dtype=self.dtype, spans=self.spans,
+                       rejected_by_stage=dict(by_stage), by_category={c: dict(n) for c, n in by_category.items()},
+                       actor=self.actor, dtype=self.dtype, spans=self.spans,
                        compiled=self.compiled())
         return {
             "chunk": chunk["chunk"],

@@ -86,6 +86,10 @@ class Stats:
     # its GPU): the busy share of device_seconds. Chunks committed before 2026-11-30 carry no device
     # count and count one each (a CPU actor of several threads was then under-counted)
     busy_device_seconds: float = 0.0
+    # category -> Counter(products, attribute_rows, values): what each category of the output holds;
+    # by_category_chunks: the chunks that carried these counts (not those committed before 2026-12-01)
+    by_category: dict = field(default_factory=dict)
+    by_category_chunks: int = 0
 
     def add(self, chunk: dict) -> None:
         for name in COUNTERS:
@@ -102,6 +106,10 @@ class Stats:
             self.spans.add("on" if chunk["spans"] else "off")
         if chunk.get("compiled") is not None:
             self.compiled.add("on" if chunk["compiled"] else "off")
+        if "by_category" in chunk:
+            self.by_category_chunks += 1
+            for category, counts in chunk["by_category"].items():
+                self.by_category.setdefault(category, Counter()).update(counts)
 
     def merged(self, other: Stats) -> Stats:
         return Stats(
@@ -114,12 +122,32 @@ class Stats:
             self.spans | other.spans,
             self.compiled | other.compiled,
             self.busy_device_seconds + other.busy_device_seconds,
+            {category: self.by_category.get(category, Counter()) + other.by_category.get(category, Counter())
+             for category in self.by_category.keys() | other.by_category.keys()},
+            self.by_category_chunks + other.by_category_chunks,
         )
 
 
-def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, current) -> dict:
+def by_category(total: Stats, schema_categories=()) -> tuple[dict | None, list | None]:
+    """Per category of the output: products, attribute rows, values written (not null) and the
+    share of null values; and the categories of ``schema_categories`` that no product came out in
+    (a schema category the records spell otherwise, or that this input does not hold). Both None
+    when some chunk carries no such counts (committed by a version before 2026-12-01)."""
+    if total.by_category_chunks != total.chunks:
+        return None, None
+    table = {}
+    for category in sorted(total.by_category):
+        counts = total.by_category[category]
+        rows = counts["attribute_rows"]
+        table[category] = {"products": counts["products"], "attribute_rows": rows, "values": counts["values"],
+                           "null_share": round(1 - counts["values"] / rows, 4) if rows else None}
+    return table, sorted(set(schema_categories) - set(table))
+
+
+def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, current, schema_categories=()) -> dict:
     """The report as a JSON-able dict: counters of the whole job, time and cost summed over its
-    ``attempts`` (pipelines.attempts.Attempt, ``current`` among them), ``this_run`` for ``current``."""
+    ``attempts`` (pipelines.attempts.Attempt, ``current`` among them), ``this_run`` for ``current``;
+    ``schema_categories``: the attribute schema's categories, for those without products."""
     products = total.counts["products_out"]
     kinds = sorted({a.device for a in attempts if a.devices} or {current.device})  # not attempts stopped before sizing
     device_seconds = sum(a.device_seconds for a in attempts)
@@ -169,6 +197,7 @@ def build_report(meta: dict, total: Stats, this_run: Stats, attempts: list, curr
     report["dtype"] = "+".join(sorted(total.dtypes)) or None  # None: no model ran (dry run, no products)
     report["spans"] = "+".join(sorted(total.spans)) or None  # span decoding that ran: on, off (or on+off); None: none ran
     report["compiled"] = "+".join(sorted(total.compiled)) or None  # the layers' compiled pieces: likewise
+    report["by_category"], report["categories_without_products"] = by_category(total, schema_categories)
     report["this_run"] = run
     return report
 
@@ -221,6 +250,7 @@ def render_markdown(report: dict) -> str:
         f"{report['this_run']['devices']} {'GPU' if report['this_run']['device'] == 'gpu' else 'vCPU'}.",
         "",
     ]
+    lines += _category_lines(report)
     if report.get("batches_fixed_steps") or report.get("batches_packed_steps"):
         lines += [f"Engine batches: {report.get('batches_fixed_steps', 0)} with fixed steps, "
                   f"{report.get('batches_packed_steps', 0)} with packed steps (--step-shape).", ""]
@@ -228,6 +258,32 @@ def render_markdown(report: dict) -> str:
         lines += [f"CUDA graph captures failed: {report['cuda_graph_failures']} (those batches ran their steps eagerly: "
                   "the same values, slower; the actors' logs say why).", ""]
     return "\n".join(lines)
+
+
+CATEGORY_ROWS_SHOWN = 50  # the markdown's per-category table: the categories of most products (all in the JSON)
+NAMES_SHOWN = 20
+
+
+def _category_lines(report: dict) -> list[str]:
+    table, missing = report.get("by_category"), report.get("categories_without_products")
+    if not table and not missing:  # a report of a job resumed from older chunks, or one of no products
+        return []
+    lines = []
+    if table:
+        ranked = sorted(table.items(), key=lambda item: (-item[1]["products"], item[0]))
+        lines += ["| category | products | values written | attribute rows | null share |", "|---|---:|---:|---:|---:|"]
+        for name, row in ranked[:CATEGORY_ROWS_SHOWN]:
+            share = "n/a" if row["null_share"] is None else f"{row['null_share']:.1%}"
+            name = name.replace("|", "\\|")  # a category's own | must not end its cell
+            lines.append(f"| {name} | {row['products']} | {row['values']} | {row['attribute_rows']} | {share} |")
+        if len(ranked) > CATEGORY_ROWS_SHOWN:
+            lines.append(f"\n{len(ranked) - CATEGORY_ROWS_SHOWN} more categories in `_report.json` (`by_category`).")
+        lines.append("")
+    if missing:
+        lines += [f"Schema categories without products ({len(missing)}): "
+                  + ", ".join(missing[:NAMES_SHOWN]) + (" ..." if len(missing) > NAMES_SHOWN else "")
+                  + " (not in this input, or spelt otherwise in its records: `hpd rejected` lists unknown ones).", ""]
+    return lines
 
 
 def write_report(output_uri: str, report: dict) -> None:

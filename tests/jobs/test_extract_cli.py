@@ -398,6 +398,25 @@ def test_summary_points_at_rejected_rows_only_when_there_are_some():
         extract._summary(dict(base, values_beyond_window=5, attribute_rows=40), "out")
 
 
+def test_summary_notes_categories_of_only_null_values_and_schema_categories_without_products():
+    base = {"run_id": "r", "output": "out", "rows_in": 3, "products_out": 3, "rows_rejected": 0,
+            "rejected_by_stage": {}, "rows_skipped": 0, "wall_seconds": 1.0, "attempts": 1}
+    assert "note:" not in extract._summary(base, "out")  # a report without per-category counts
+    table = {"Tea": {"products": 2, "attribute_rows": 6, "values": 4, "null_share": 0.3333},
+             "Wine": {"products": 1, "attribute_rows": 3, "values": 0, "null_share": 1.0}}
+    text = extract._summary(dict(base, by_category=table, categories_without_products=["Beer", "Cider"]), "out")
+    assert "note: every value was null in 1 category: Wine (1 product); check their attribute names" in text
+    assert "note: 2 of the schema's categories had no product in this run: Beer, Cider (none among the rows " \
+        "read; records that spell a category otherwise are rejected: hpd rejected out)" in text
+    full = dict(base, by_category={"Tea": table["Tea"]}, categories_without_products=[])
+    assert "note:" not in extract._summary(full, "out")
+    many = [f"C{i}" for i in range(8)]
+    assert "C0, C1, C2, C3, C4 and 3 more" in extract._summary(dict(full, categories_without_products=many), "out")
+    rejected = dict(base, products_out=0, rows_rejected=3, rejected_by_stage={"validate": 3}, by_category={},
+                    categories_without_products=["Tea"])
+    assert "note:" not in extract._summary(rejected, "out")  # every row rejected: warned of already
+
+
 def test_summary_warns_when_prompts_are_far_from_full():
     """Categories mixed row by row leave prompts nearly empty (a prompt stacks one category of one
     chunk); a job of many prompts that filled under half of J says so and what to do."""

@@ -2,7 +2,7 @@
 
 import io as stdio
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -161,6 +161,12 @@ def test_report_fields(s3_job):
     assert result["prompts"] > 0 and result["forward_passes"] == result["prompts"]
     assert result["products_per_prompt"] == round(result["products_out"] / result["prompts"], 2)
     assert result["prompt_tokens"] > 0 and result["generated_tokens"] == result["attribute_rows"]
+    by_category = result["by_category"]  # per category, adding up to the job's counters
+    assert sum(row["products"] for row in by_category.values()) == result["products_out"]
+    assert sum(row["attribute_rows"] for row in by_category.values()) == result["attribute_rows"]
+    assert sum(row["attribute_rows"] - row["values"] for row in by_category.values()) == result["values_null"]
+    written = Counter(row["category"] for row in read_attributes(s3_job["output"]).to_pylist())
+    assert {name: row["attribute_rows"] for name, row in by_category.items()} == dict(written)
     cost = result["device_seconds"] / 3600 * 0.0425 / result["products_out"] * 1000
     assert result["usd_per_1k_products"] == pytest.approx(cost, rel=1e-3)
     fs, path = io.filesystem(io.join(s3_job["output"], "_report.md"))

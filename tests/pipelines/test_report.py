@@ -464,3 +464,47 @@ def test_failed_cuda_graph_captures_are_summed_and_reported_only_when_there_are_
     assert report["cuda_graph_failures"] == 3 and "CUDA graph captures failed: 3" in render_markdown(report)
     report = build_report(META, clean, clean, [attempt], attempt)
     assert report["cuda_graph_failures"] == 0 and "CUDA graph" not in render_markdown(report)
+
+
+def test_per_category_counts_are_summed_over_chunks_and_name_the_schema_categories_without_products():
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    first, second = Stats(), Stats()
+    first.add({"rows_in": 3, "products_out": 3, "by_category": {
+        "Tea": {"products": 2, "attribute_rows": 6, "values": 5}, "Coffee": {"products": 1, "attribute_rows": 2}}})
+    second.add({"rows_in": 2, "products_out": 1, "by_category": {"Tea": {"products": 1, "attribute_rows": 3, "values": 3}}})
+    second.add({"rows_in": 1, "by_category": {}})  # a chunk whose every row was rejected
+    total = first.merged(second)
+    report = build_report(META, total, second, [attempt], attempt, schema_categories={"Tea": (), "Coffee": (), "Wine": ()})
+    assert report["by_category"] == {
+        "Coffee": {"products": 1, "attribute_rows": 2, "values": 0, "null_share": 1.0},
+        "Tea": {"products": 3, "attribute_rows": 9, "values": 8, "null_share": 0.1111},
+    }
+    assert report["categories_without_products"] == ["Wine"]
+    text = render_markdown(report)
+    assert "| Tea | 3 | 8 | 9 | 11.1% |" in text and "| Coffee | 1 | 0 | 2 | 100.0% |" in text
+    assert text.index("| Tea |") < text.index("| Coffee |")  # most products first
+    assert "Schema categories without products (1): Wine" in text
+
+
+def test_per_category_counts_are_left_out_when_some_chunk_has_none():
+    """A job resumed from chunks of an older version: their categories are unknown, so no per-category
+    figures (they would not add up to the job's), rather than partial ones."""
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    total = Stats()
+    total.add({"rows_in": 1, "products_out": 1, "by_category": {"Tea": {"products": 1, "attribute_rows": 3, "values": 3}}})
+    total.add({"rows_in": 1, "products_out": 1})  # committed before 2026-12-01
+    report = build_report(META, total, total, [attempt], attempt, schema_categories={"Tea": (), "Wine": ()})
+    assert report["by_category"] is None and report["categories_without_products"] is None
+    assert "null share" not in render_markdown(report) and "without products" not in render_markdown(report)
+
+
+def test_the_per_category_table_shows_the_largest_categories_and_escapes_bars(monkeypatch):
+    monkeypatch.setattr(report_module, "CATEGORY_ROWS_SHOWN", 2)
+    attempt = attempts.Attempt("a", 0.0, 10.0, "cpu", 2, 0.0425)
+    total = Stats()
+    total.add({"rows_in": 6, "products_out": 6, "by_category": {
+        "A|B": {"products": 3, "attribute_rows": 3, "values": 3}, "C": {"products": 2, "attribute_rows": 2, "values": 1},
+        "D": {"products": 1, "attribute_rows": 1, "values": 1}}})
+    text = render_markdown(build_report(META, total, total, [attempt], attempt))
+    assert "| A\\|B | 3 |" in text and "| C | 2 |" in text and "| D |" not in text
+    assert "1 more categories in `_report.json`" in text
