@@ -20,7 +20,7 @@ SUBCOMMANDS = {
     "rejected": ("jobs.rejected", "the rows a finished job rejected: counts by stage and reason, their records to run again"),
     "compact": ("jobs.compact", "pack a finished job's small Parquet files into few (one partition's files together)"),
     "evaluate": ("jobs.evaluate", "score predictions against gold (ExtractGPT metric + strict)"),
-    "convert": ("jobs.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold"),
+    "convert": ("jobs.convert", "convert benchmark files (ExtractGPT JSONL) to records/attributes/gold, or a corrected labelling sheet (hpd pick's labels.csv) to gold"),
     "bench": ("jobs.bench", "throughput benchmark: baseline vs HPD side by side"),
     "finetune": ("jobs.finetune", "HPD-aligned (or baseline) LoRA fine-tuning / distillation"),
     "pick": ("jobs.pick", "a sample of a catalog's products to label (for finetune --init-adapter), every category in it, with a gold draft"),

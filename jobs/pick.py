@@ -4,8 +4,9 @@ catalog's products to label, for `hpd finetune --init-adapter default`.
 The choice is ``training.selection`` (a share per category, within it the products first in the
 seed's order); this module reads an `hpd extract` output and its input, and writes an `hpd
 convert`-style folder: ``records.jsonl`` (the chosen products' records as they were),
-``attributes.json`` and ``gold-draft.jsonl`` (the model's values, to correct and save as
-``gold.jsonl``). The input is the job's own (``_job.json`` names it, and its ``--limit``), local or
+``attributes.json``, ``gold-draft.jsonl`` (the model's values, to correct and save as
+``gold.jsonl``) and ``labels.csv``, the same values as a sheet to correct in a spreadsheet
+(``datafiles.labels``; ``hpd convert labels`` makes ``gold.jsonl`` of it). The input is the job's own (``_job.json`` names it, and its ``--limit``), local or
 ``s3://``, a file or a prefix, read as the job read it: the records are checked as the job checked
 them (the first valid copy of an id is the product), and the schema must be the job's.
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datafiles.dataset import ATTRIBUTES_FILE, GOLD_DRAFT_FILE, RECORDS_FILE, gold_draft
+from datafiles.labels import SHEET_FILE, gold_text, write_sheet
 from datafiles.predictions import attribute_paths, read_values, rows_by_category
 from pipelines.compact import reading
 from pipelines.reader import ReadConfig
@@ -239,11 +241,10 @@ def run(args: argparse.Namespace) -> int:
             out.write(json.dumps(records[product_id], ensure_ascii=False, default=str) + "\n")
     (args.out / ATTRIBUTES_FILE).write_text(schema_file_text(schema.categories), encoding="utf-8")  # JSON, as named
     categories = {product_id: records[product_id]["category"] for product_id in chosen}
-    with open(args.out / DRAFT_FILE, "w", encoding="utf-8") as out:
-        for product_id in chosen:
-            names = [a.name for a in schema.attributes(categories[product_id])]
-            line = gold_draft(product_id, categories[product_id], values.get(product_id, {}), names)
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    drafts = [gold_draft(product_id, categories[product_id], values.get(product_id, {}),
+                         [a.name for a in schema.attributes(categories[product_id])]) for product_id in chosen]
+    (args.out / DRAFT_FILE).write_text(gold_text(drafts), encoding="utf-8")
+    write_sheet(args.out / SHEET_FILE, drafts, {product_id: records[product_id]["title"] for product_id in chosen})
 
     per_category = Counter(categories.values())
     short = {c: (len(ps), wanted[c]) for c, ps in sorted(picks.items()) if len(ps) < wanted[c]}
@@ -277,8 +278,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {f'fewer than --count {config.count}: ' if len(chosen) < config.count else ''}short of their share: "
               + ", ".join(f"{c} {got} of {share} ({why(c)})" for c, (got, share) in short.items())
               + "; a share follows the output's count of the category, and is not moved to another", file=sys.stderr)
-    print(f"  correct {args.out / DRAFT_FILE} (the model's values; n/a: none) and save it as {args.out / 'gold.jsonl'}, "
-          f"then: hpd finetune --train {args.out} --init-adapter default --dtype auto --out ADAPTER", file=sys.stderr)
+    print(f"  correct the values of {args.out / SHEET_FILE} in a spreadsheet (an empty cell: none) and run hpd convert "
+          f"labels {args.out / SHEET_FILE} --out {args.out}, or correct {args.out / DRAFT_FILE} (n/a: none) and save it "
+          f"as {args.out / 'gold.jsonl'}; then: hpd finetune --train {args.out} --init-adapter default --dtype auto "
+          "--out ADAPTER", file=sys.stderr)
     print(json.dumps({"picked": len(chosen), "of": total, "looked_up": looked_up, "not_in_input": missing,
                       "seed": config.seed, "per_category": dict(sorted(per_category.items())), "out": str(args.out)}))
     return 0

@@ -562,3 +562,52 @@ def test_the_summary_names_every_category_of_a_few_and_the_extremes_of_many():
     line = by_category(many)
     assert line.startswith("2002 categories, the most picked Big 40, Cat 0000 2") and line.count(",") < 2 * SHOWN_CATEGORIES
     assert "the least" in line and "Small 1 (all of them: the JSON line's per_category)" in line
+
+
+def test_cli_writes_a_labelling_sheet_that_convert_labels_turns_into_the_gold(tmp_path, capsys):
+    """hpd pick's labels.csv, corrected in a spreadsheet, becomes gold.jsonl (hpd convert labels),
+    which hpd finetune reads; saved unchanged it is the draft, byte for byte."""
+    import csv
+
+    records = [{"product_id": "a1", "category": "Shoes", "title": "Acme red shoe"},
+               {"product_id": "a2", "category": "Tea", "title": "Leafy green tea"}]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "attributes.json").write_text(json.dumps({"Shoes": ["Brand", "Color"], "Tea": ["Flavor"]}))
+    _job_output(tmp_path / "run", [("a1", "Shoes", "Brand", "Acme"), ("a1", "Shoes", "Color", None),
+                                   ("a2", "Tea", "Flavor", "Leafy")])
+    label = tmp_path / "label"
+    assert main(["pick", str(tmp_path / "run"), "--input", str(tmp_path / "records.jsonl"), "--attributes",
+                 str(tmp_path / "attributes.json"), "--count", "2", "--min-per-category", "1", "--out", str(label)]) == 0
+    assert f"hpd convert labels {label / 'labels.csv'} --out {label}" in capsys.readouterr().err
+    convert = ["convert", "labels", str(label / "labels.csv"), "--out", str(label)]
+    assert main(convert) == 0
+    assert (label / "gold.jsonl").read_bytes() == (label / "gold-draft.jsonl").read_bytes()
+    capsys.readouterr()
+
+    with open(label / "labels.csv", encoding="utf-8-sig", newline="") as sheet:
+        rows = list(csv.reader(sheet))
+    assert rows[1:] == [["a1", "Shoes", "Acme red shoe", "Brand", "Acme"], ["a1", "Shoes", "Acme red shoe", "Color", ""],
+                        ["a2", "Tea", "Leafy green tea", "Flavor", "Leafy"]]
+    rows[2][4], rows[3][4] = "red", "green"  # the person's corrections
+    with open(label / "labels.csv", "w", encoding="utf-8-sig", newline="") as sheet:
+        csv.writer(sheet).writerows(rows)
+    assert main(convert) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out.splitlines()[-1]) == {"products": 2, "values": 3, "warnings": 0, "out": str(label / "gold.jsonl")}
+    assert "(replaced)" in out.err and f"hpd finetune --train {label} --init-adapter default" in out.err
+    from training import data
+
+    loaded = data.load_gold(data.resolve_sources(label))
+    assert [(p.product.product_id, p.values) for p in loaded.products] == [("a1", ("Acme", "red")), ("a2", ("green",))]
+
+    rows[1][3] = "brand"
+    with open(label / "labels.csv", "w", encoding="utf-8-sig", newline="") as sheet:
+        csv.writer(sheet).writerows(rows)
+    assert main(convert) == 2
+    assert "row 2: attribute 'brand' is not one of category 'Shoes''s (did you mean 'Brand'?)" in capsys.readouterr().err
+    assert main([*convert, "--split", "x"]) == 2 and "--split: options of the extractgpt format" in capsys.readouterr().err
+    (label / "labels.csv").write_bytes("product_id,category,title,attribute,value\na1,Shoes,Caf\u00e9,Brand,Acme\n".encode("latin-1"))
+    assert main(convert) == 2 and 'is not UTF-8 text (byte 0xe9 at byte 54): save it from the spreadsheet program as ' \
+        '"CSV UTF-8"' in capsys.readouterr().err
+    (label / "records.jsonl").unlink()
+    assert main(convert) == 2 and "records.jsonl not found: the sheet must lie in the folder" in capsys.readouterr().err
